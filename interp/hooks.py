@@ -1,0 +1,174 @@
+"""Semantic component names and the hook points that carry them.
+
+This is the only module that knows transformer-lens hook-point strings. Everything else in
+interp names activations by what they are:
+
+============  ==================================================  =========================
+name          meaning                                              shape
+============  ==================================================  =========================
+resid_pre     residual stream entering block l                     [batch, pos, d_model]
+resid_mid     residual after attention, before the MLP norm       [batch, pos, d_model]
+resid_post    residual leaving block l                             [batch, pos, d_model]
+h             MLP input: RMSNorm2(resid_mid), gamma included       [batch, pos, d_model]
+attn_out      attention output added to the residual               [batch, pos, d_model]
+pattern       attention probabilities                              [batch, head, q, k]
+head          per-head attention value mix ``z``                   [batch, pos, head, d_head]
+gate_pre      gate projection W_gate h, before the activation     [batch, pos, d_mlp]
+gate          act(W_gate h), computed from ``gate_pre``           [batch, pos, d_mlp]
+up            up projection W_up h                                 [batch, pos, d_mlp]
+down          MLP output (after the down projection)               [batch, pos, d_model]
+gate_input    input to the gate projection (equals ``h``)          [batch, pos, d_model]
+============  ==================================================  =========================
+
+``attn_out`` and ``down`` are what each sub-layer adds to the residual stream. For
+Gemma-3 that is *after* its post-attention and post-feed-forward norms; for llama-style
+models there are no such norms. ``h`` is the output of the norm in front of the MLP
+(``post_attention_layernorm`` in llama, ``pre_feedforward_layernorm`` in Gemma-3, whose
+RMSNorm scales by ``1 + gamma``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Literal
+
+import torch
+
+from interp.errors import ComponentError
+
+Component = Literal[
+    "resid_pre", "resid_mid", "resid_post", "h", "attn_out", "pattern", "head",
+    "gate_pre", "gate", "up", "down", "gate_input",
+]
+
+# component -> hook point template. ``gate`` is read at gate_pre and transformed.
+HOOK_POINTS: dict[str, str] = {
+    "resid_pre": "blocks.{layer}.hook_resid_pre",
+    "resid_mid": "blocks.{layer}.hook_resid_mid",
+    "resid_post": "blocks.{layer}.hook_resid_post",
+    "h": "blocks.{layer}.mlp.hook_in",
+    "attn_out": "blocks.{layer}.hook_attn_out",
+    "pattern": "blocks.{layer}.attn.hook_pattern",
+    "head": "blocks.{layer}.attn.hook_z",
+    "gate_pre": "blocks.{layer}.mlp.hook_pre",
+    "gate": "blocks.{layer}.mlp.hook_pre",
+    "up": "blocks.{layer}.mlp.hook_pre_linear",
+    "down": "blocks.{layer}.hook_mlp_out",
+    "gate_input": "blocks.{layer}.mlp.gate.hook_in",
+}
+GATED_ONLY = frozenset({"gate_pre", "gate", "up", "gate_input"})
+COMPONENTS: tuple[str, ...] = tuple(HOOK_POINTS)
+
+
+def n_layers(model: Any) -> int:
+    return int(model.cfg.n_layers)
+
+
+def check_layers(model: Any, layers: Iterable[int] | None) -> list[int]:
+    """Validated layer indices (all layers when ``None``); negative indices count from the end."""
+    total = n_layers(model)
+    if layers is None:
+        return list(range(total))
+    out = []
+    for layer in layers:
+        idx = int(layer)
+        if not -total <= idx < total:
+            raise ComponentError(f"Layer {layer} is out of range: this model has layers 0..{total - 1}.")
+        out.append(idx % total)
+    return out
+
+
+def _architecture(model: Any) -> str:
+    info = getattr(model, "info", None)
+    return info.architecture if info is not None else type(model).__name__
+
+
+def is_gated(model: Any) -> bool:
+    info = getattr(model, "info", None)
+    if info is not None:
+        return bool(info.gated_mlp)
+    return "blocks.0.mlp.hook_pre_linear" in model.hook_dict
+
+
+def hook_point(model: Any, component: str, layer: int) -> str:
+    """The hook-point name for ``component`` at ``layer``, checked to exist on ``model``."""
+    if component not in HOOK_POINTS:
+        raise ComponentError(f"Unknown component {component!r}. Valid components: {', '.join(COMPONENTS)}.")
+    if component in GATED_ONLY and not is_gated(model):
+        raise ComponentError(
+            f"Component {component!r} needs a gated MLP, but {_architecture(model)} has a plain MLP. "
+            "Use 'down' (MLP output) or 'h' (MLP input) instead."
+        )
+    (layer,) = check_layers(model, [layer])
+    name = HOOK_POINTS[component].format(layer=layer)
+    if name not in model.hook_dict:
+        raise ComponentError(f"{_architecture(model)} has no hook point {name} for component {component!r}.")
+    return name
+
+
+def mlp_module(model: Any, layer: int) -> Any:
+    """The Hugging Face MLP module of block ``layer`` (with gate_proj/up_proj/down_proj)."""
+    block = model.original_model.model.layers[layer]
+    return block.mlp
+
+
+def activation_fn(model: Any, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The MLP's activation, so ``gate = act(gate_pre)``."""
+    mlp = mlp_module(model, layer)
+    act = getattr(mlp, "act_fn", None) or getattr(mlp, "act", None)
+    if act is None:
+        raise ComponentError(f"Cannot find the MLP activation of {_architecture(model)} layer {layer}.")
+    return act
+
+
+def gate_weight(model: Any, layer: int) -> torch.Tensor:
+    """The gate projection weight ``[d_mlp, d_model]`` of block ``layer``."""
+    if not is_gated(model):
+        raise ComponentError(f"{_architecture(model)} has no gate projection.")
+    return mlp_module(model, layer).gate_proj.weight
+
+
+def norm2_gamma(model: Any, layer: int) -> torch.Tensor:
+    """The effective per-dimension scale of the norm in front of the MLP.
+
+    Llama-style RMSNorm multiplies by ``gamma``; Gemma's multiplies by ``1 + gamma``. The
+    value returned is the multiplier actually applied, so ``|scale|`` is comparable across
+    architectures.
+    """
+    block = model.original_model.model.layers[layer]
+    norm = getattr(block, "pre_feedforward_layernorm", None) or getattr(block, "post_attention_layernorm")
+    weight = norm.weight.detach()
+    if getattr(model, "info", None) is not None and model.info.family == "gemma3":
+        return 1.0 + weight
+    return weight
+
+
+def linear_modules(model: Any, layer: int) -> dict[str, torch.nn.Module]:
+    """The linear layers of block ``layer`` by role: q, k, v, o, gate, up, down."""
+    block = model.original_model.model.layers[layer]
+    attn, mlp = block.self_attn, block.mlp
+    found = {
+        "q": getattr(attn, "q_proj", None), "k": getattr(attn, "k_proj", None),
+        "v": getattr(attn, "v_proj", None), "o": getattr(attn, "o_proj", None),
+        "gate": getattr(mlp, "gate_proj", None), "up": getattr(mlp, "up_proj", None),
+        "down": getattr(mlp, "down_proj", None),
+    }
+    return {role: _unwrap_linear(mod) for role, mod in found.items() if mod is not None}
+
+
+def _unwrap_linear(module: Any) -> torch.nn.Module:
+    """The plain ``nn.Linear`` under a transformer-lens ``LinearBridge`` wrapper."""
+    inner = getattr(module, "original_component", None)
+    return inner if isinstance(inner, torch.nn.Linear) else module
+
+
+def blocks(model: Any) -> Any:
+    """The Hugging Face decoder layers (a ``ModuleList``)."""
+    return model.original_model.model.layers
+
+
+def final_norm(model: Any) -> Any:
+    return model.original_model.model.norm
+
+
+def unembed_weight(model: Any) -> torch.Tensor:
+    return model.original_model.lm_head.weight

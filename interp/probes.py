@@ -1,0 +1,392 @@
+"""Probes: run a model over examples and reduce named activations as they stream past.
+
+A probe registers one forward hook per (component, layer). Each hook reduces the batch's
+activation to a few numbers per example *inside the hook* (an L2 norm averaged over
+positions, a kurtosis, the attention entropy per head, ...) and writes them into a
+preallocated ``[n_layers, N, ...]`` table. The activation itself is dropped straight away,
+so peak memory is set by the batch size, not by the number of examples. Only the ``full``
+reducer keeps tensors, and only when asked.
+
+Reading a result:
+
+- ``result["resid_mid", "norm"]`` is a ``[n_layers, N]`` tensor;
+- attention reducers (``entropy``, ``gtd``, ...) are per head: ``[n_layers, N, n_heads]``;
+- ``result.layer_mean("resid_mid", "norm")`` averages over examples (and heads);
+- ``result.to_frame()`` is a long DataFrame (``example``, ``layer``, ``component``,
+  ``reducer``, ``head``, ``value``), and ``result.save(folder)`` writes safetensors + JSON
+  + parquet.
+
+Example:
+    >>> import interp
+    >>> model = interp.tiny_model("llama")
+    >>> ex = interp.Examples.from_tokens(__import__("torch").randint(0, 256, (4, 16)))
+    >>> res = interp.probe(model, ex, ["resid_mid"], ["norm"], progress=False)
+    >>> tuple(res["resid_mid", "norm"].shape)
+    (2, 4)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import pandas as pd
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from interp import hooks as hk
+from interp.data import Examples
+from interp.errors import ComponentError, InterpError, NonFiniteError, ResourceError
+
+# ---------------------------------------------------------------------------------------
+# Reducers: activation [batch, pos, ...] -> per-example values [batch, ...]
+
+
+def _positions(x: torch.Tensor, exclude_bos: bool) -> torch.Tensor:
+    return x[:, 1:] if exclude_bos and x.shape[1] > 1 else x
+
+
+def reduce_norm(x: torch.Tensor, exclude_bos: bool = True) -> torch.Tensor:
+    """Mean over positions of the L2 norm over the last dim: ``[B, T, D] -> [B]``."""
+    return torch.linalg.vector_norm(_positions(x, exclude_bos), dim=-1).mean(dim=1)
+
+
+def reduce_mean(x: torch.Tensor, exclude_bos: bool = True) -> torch.Tensor:
+    """Mean over positions and features: ``[B, T, D] -> [B]``."""
+    return _positions(x, exclude_bos).mean(dim=(1, 2))
+
+
+def reduce_kurtosis(x: torch.Tensor, exclude_bos: bool = True) -> torch.Tensor:
+    """Kurtosis ``m4 / m2^2`` over features per position (3 for a Gaussian), mean over positions."""
+    x = _positions(x, exclude_bos)
+    centred = x - x.mean(dim=-1, keepdim=True)
+    m2 = centred.pow(2).mean(dim=-1)
+    m4 = centred.pow(4).mean(dim=-1)
+    return (m4 / m2.clamp_min(torch.finfo(x.dtype).tiny).pow(2)).mean(dim=1)
+
+
+def reduce_abs_mean_dims(x: torch.Tensor, exclude_bos: bool = True) -> torch.Tensor:
+    """Mean |x| per feature over positions: ``[B, T, D] -> [B, D]`` (for outlier dimensions)."""
+    return _positions(x, exclude_bos).abs().mean(dim=1)
+
+
+def _attention_reducer(metric: str) -> Callable[[torch.Tensor, bool], torch.Tensor]:
+    def reduce(pattern: torch.Tensor, exclude_bos: bool = True) -> torch.Tensor:
+        from interp.attention import metrics
+
+        q = pattern.shape[-2]
+        if metric == "entropy":
+            values = metrics.entropy(pattern)
+        elif metric == "entropy_norm":
+            values = metrics.entropy(pattern, normalized=True)
+        elif metric == "gtd":
+            values = metrics.gtd(pattern)
+        elif metric == "sink_share":
+            values = metrics.sink_share(pattern)
+        else:
+            values = metrics.effective_span(pattern)
+        # query 0 sees only BOS: it carries no information about localization
+        start = 1 if (exclude_bos or metric == "entropy_norm") and q > 1 else 0
+        return values[..., start:].mean(dim=-1)  # [B, H]
+
+    reduce.__name__ = f"reduce_{metric}"
+    reduce.__doc__ = f"Per-head {metric} averaged over query positions: ``[B, H, Q, K] -> [B, H]``."
+    return reduce
+
+
+def reduce_full(x: torch.Tensor, exclude_bos: bool = True) -> torch.Tensor:
+    """Keep the whole activation (memory grows with N: use only when needed)."""
+    return x.detach().clone()
+
+
+REDUCERS: dict[str, Callable[..., torch.Tensor]] = {
+    "norm": reduce_norm,
+    "mean": reduce_mean,
+    "kurtosis": reduce_kurtosis,
+    "abs_mean_dims": reduce_abs_mean_dims,
+    "entropy": _attention_reducer("entropy"),
+    "entropy_norm": _attention_reducer("entropy_norm"),
+    "gtd": _attention_reducer("gtd"),
+    "sink_share": _attention_reducer("sink_share"),
+    "effective_span": _attention_reducer("effective_span"),
+    "full": reduce_full,
+}
+ATTENTION_REDUCERS = frozenset({"entropy", "entropy_norm", "gtd", "sink_share", "effective_span"})
+VECTOR_REDUCERS = frozenset({"norm", "mean", "kurtosis", "abs_mean_dims"})
+
+
+def _check_pair(component: str, reducer: str) -> None:
+    if reducer not in REDUCERS:
+        raise ComponentError(f"Unknown reducer {reducer!r}. Valid reducers: {', '.join(REDUCERS)}.")
+    if reducer in ATTENTION_REDUCERS and component != "pattern":
+        raise ComponentError(f"Reducer {reducer!r} applies to 'pattern' only, not {component!r}.")
+    if component == "pattern" and reducer in VECTOR_REDUCERS:
+        raise ComponentError(
+            f"Reducer {reducer!r} applies to vector activations; for 'pattern' use one of "
+            f"{', '.join(sorted(ATTENTION_REDUCERS))} or 'full'."
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# Result
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Per-layer, per-example statistics from :func:`probe`.
+
+    Attributes:
+        stats: ``"component/reducer"`` -> tensor ``[n_layers, N, ...]``.
+        layers: the model layers in the first axis.
+        ids: example ids in the second axis.
+        settings: model name, components, reducers, batch size, examples' settings.
+    """
+
+    stats: dict[str, torch.Tensor]
+    layers: list[int]
+    ids: list[str]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key, value in self.stats.items():
+            if value.shape[:2] != (len(self.layers), len(self.ids)):
+                raise InterpError(f"ProbeResult stat {key} has shape {tuple(value.shape)}; expected "
+                                  f"[{len(self.layers)}, {len(self.ids)}, ...].")
+
+    def __getitem__(self, key: tuple[str, str] | str) -> torch.Tensor:
+        name = key if isinstance(key, str) else f"{key[0]}/{key[1]}"
+        if name not in self.stats:
+            raise ComponentError(f"No statistic {name!r} in this result; available: {', '.join(self.stats)}.")
+        return self.stats[name]
+
+    def layer_mean(self, component: str, reducer: str) -> torch.Tensor:
+        """Mean over examples (and heads, for attention stats): ``[n_layers]``."""
+        values = self[component, reducer]
+        return values.float().flatten(start_dim=1).nanmean(dim=1)
+
+    def to_frame(self) -> pd.DataFrame:
+        """Long table of all scalar and per-head statistics (``full`` tensors are left out)."""
+        frames = []
+        for name, values in self.stats.items():
+            component, reducer = name.split("/")
+            if reducer in ("full", "abs_mean_dims"):
+                continue
+            n_layers, n_examples = values.shape[:2]
+            flat = values.reshape(n_layers, n_examples, -1)
+            n_heads = flat.shape[2]
+            index = pd.MultiIndex.from_product(
+                [self.layers, self.ids, range(n_heads)], names=["layer", "example", "head"]
+            )
+            frame = pd.DataFrame({"value": flat.flatten().double().numpy()}, index=index).reset_index()
+            if values.ndim == 2:
+                frame["head"] = -1
+            frame["component"], frame["reducer"] = component, reducer
+            frames.append(frame)
+        columns = ["example", "layer", "component", "reducer", "head", "value"]
+        return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+    def summary(self) -> pd.DataFrame:
+        """Layer x statistic table of means over examples (and heads)."""
+        data = {name: self.layer_mean(*name.split("/")).numpy()
+                for name in self.stats if not name.endswith(("/full", "/abs_mean_dims"))}
+        return pd.DataFrame(data, index=pd.Index(self.layers, name="layer"))
+
+    def save(self, folder: str | Path) -> Path:
+        """Write ``stats.safetensors``, ``probe.json`` and ``probe.parquet`` into ``folder``."""
+        from interp.io import ensure_writable_dir, write_json
+
+        out = ensure_writable_dir(folder)
+        save_file({k.replace("/", "."): v.contiguous() for k, v in self.stats.items()},
+                  str(out / "stats.safetensors"))
+        write_json(out / "probe.json", {"layers": self.layers, "ids": self.ids, "settings": self.settings})
+        self.to_frame().to_parquet(out / "probe.parquet", index=False)
+        return out
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "ProbeResult":
+        folder = Path(folder)
+        meta = json.loads((folder / "probe.json").read_text())
+        raw = load_file(str(folder / "stats.safetensors"))
+        stats = {k.replace(".", "/", 1): v for k, v in raw.items()}
+        return cls(stats=stats, layers=meta["layers"], ids=meta["ids"], settings=meta["settings"])
+
+
+# ---------------------------------------------------------------------------------------
+# Running
+
+
+class _StopForward(Exception):
+    """Raised by the last needed hook so the rest of the forward (and the unembed) is skipped."""
+
+
+def check_context(model: Any, tokens: torch.Tensor) -> None:
+    n_ctx = getattr(getattr(model, "info", None), "n_ctx", None) or int(model.cfg.n_ctx)
+    if tokens.shape[-1] > n_ctx:
+        raise InterpError(
+            f"Sequences of {tokens.shape[-1]} tokens exceed this model's context of {n_ctx}. Lower seq_len."
+        )
+
+
+def available_memory_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def check_memory(n_bytes: int, what: str, fraction: float = 0.5) -> None:
+    """Refuse a capture that would use more than ``fraction`` of available memory."""
+    budget = available_memory_bytes() * fraction
+    if n_bytes > budget:
+        raise ResourceError(
+            f"{what} would need {n_bytes / 2**30:.1f} GiB, over {fraction:.0%} of available memory "
+            f"({budget / 2**30:.1f} GiB). Use a streaming reducer (norm, mean, entropy, ...) instead "
+            "of 'full', lower n or seq_len, or raise memory_fraction."
+        )
+
+
+def _full_bytes(model: Any, component: str, n_examples: int, seq_len: int, n_layers: int) -> int:
+    cfg = model.cfg
+    per_pos = {
+        "pattern": cfg.n_heads * seq_len,
+        "head": cfg.n_heads * cfg.d_head,
+        "gate": cfg.d_mlp, "gate_pre": cfg.d_mlp, "up": cfg.d_mlp,
+    }.get(component, cfg.d_model)
+    return n_examples * seq_len * per_pos * n_layers * 4
+
+
+def batches(n: int, batch_size: int) -> Iterable[tuple[int, int]]:
+    if batch_size < 1:
+        raise InterpError(f"batch_size must be at least 1; got {batch_size}.")
+    for start in range(0, n, batch_size):
+        yield start, min(n, start + batch_size)
+
+
+def show_progress(progress: bool | None) -> bool:
+    return sys.stderr.isatty() if progress is None else progress
+
+
+def probe(
+    model: Any,
+    examples: Examples,
+    components: Sequence[str] = ("resid_mid", "resid_post", "h", "gate"),
+    reducers: Sequence[str] = ("norm",),
+    batch_size: int = 8,
+    layers: Sequence[int] | None = None,
+    exclude_bos: bool = True,
+    progress: bool | None = None,
+    memory_fraction: float = 0.5,
+    extra_hooks: Sequence[tuple[str, Callable[..., Any]]] = (),
+) -> ProbeResult:
+    """Run ``model`` over ``examples`` and reduce each (component, layer) as it streams past.
+
+    Args:
+        model: a bridge from :func:`interp.load_model`.
+        examples: token rows from :func:`interp.load_examples`.
+        components: semantic names (see :mod:`interp.hooks`).
+        reducers: reducer names; each applies to every component it fits (vector reducers to
+            vector activations, attention reducers to ``pattern``). ``full`` keeps tensors.
+        batch_size: examples per forward; sets the peak memory.
+        layers: layer indices (default: all).
+        exclude_bos: leave position 0 out of position averages.
+        progress: show a tqdm bar (default: when stderr is a terminal).
+        memory_fraction: refuse ``full`` captures larger than this share of free memory.
+        extra_hooks: ``(hook_name, fn)`` pairs run during the same forwards (e.g. SAOBP's
+            pattern hook, which then changes what later layers see).
+
+    Returns:
+        A :class:`ProbeResult`.
+    """
+    layer_list = hk.check_layers(model, layers)
+    pairs = []
+    for component in components:
+        names = [hk.hook_point(model, component, layer) for layer in layer_list]  # validates
+        fitting = [r for r in reducers if r == "full" or (r in ATTENTION_REDUCERS) == (component == "pattern")]
+        if not fitting:
+            _check_pair(component, reducers[0])
+        for reducer in fitting:
+            _check_pair(component, reducer)
+            pairs.append((component, reducer, names))
+    if not pairs:
+        raise ComponentError("Nothing to probe: give at least one component and reducer.")
+    n, seq_len = examples.tokens.shape
+    check_context(model, examples.tokens)
+    full_bytes = sum(_full_bytes(model, c, n, seq_len, len(layer_list)) for c, r, _ in pairs if r == "full")
+    if full_bytes:
+        check_memory(full_bytes, "Keeping full activations", memory_fraction)
+
+    stats: dict[str, list[list[torch.Tensor]]] = {f"{c}/{r}": [[] for _ in layer_list] for c, r, _ in pairs}
+    batch_state: dict[str, Any] = {}
+
+    def make_hook(component: str, li: int, layer: int, wanted: list[str]) -> Callable[..., None]:
+        act = hk.activation_fn(model, layer) if component == "gate" else None
+
+        def hook(x: torch.Tensor, hook: Any) -> None:
+            x = x.detach()
+            if act is not None:
+                x = act(x)
+            for reducer in wanted:
+                value = REDUCERS[reducer](x.float() if reducer != "full" else x, exclude_bos)
+                if reducer != "full" and not torch.isfinite(value).all():
+                    bad = torch.nonzero(~torch.isfinite(value.reshape(value.shape[0], -1)).all(dim=1)).flatten().tolist()
+                    ids = [batch_state["ids"][i] for i in bad][:3]
+                    raise NonFiniteError(
+                        f"NaN or inf in {component} at layer {layer} (examples {ids}). Check the model's "
+                        "weights (e.g. a broken quantization) or use float32."
+                    )
+                stats[f"{component}/{reducer}"][li].append(value.cpu())
+            batch_state["fired"].append(hook.name)
+            if hook.name == batch_state["last"]:
+                raise _StopForward
+
+        return hook
+
+    fwd_hooks = list(extra_hooks)
+    hook_order = []
+    for li, layer in enumerate(layer_list):
+        for component in dict.fromkeys(c for c, _, _ in pairs):
+            wanted = [r for c, r, _ in pairs if c == component]
+            name = hk.hook_point(model, component, layer)
+            fwd_hooks.append((name, make_hook(component, li, layer, wanted)))
+            hook_order.append(name)
+    # The first batch runs the whole forward and records the order the hooks fire in; later
+    # batches stop right after the last requested hook, skipping the remaining layers and
+    # the unembed. (Not with extra hooks, whose effects a caller may want downstream.)
+    batch_state.update(last=None, fired=[])
+
+    bar = tqdm(total=n, desc="probe", unit="ex", disable=not show_progress(progress))
+    with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
+        for start, end in batches(n, batch_size):
+            batch_state["ids"] = examples.ids[start:end]
+            try:
+                model.original_model(input_ids=examples.tokens[start:end].to(_device(model)))
+            except _StopForward:
+                pass
+            if not extra_hooks and batch_state["last"] is None and batch_state["fired"]:
+                batch_state["last"] = batch_state["fired"][-1]
+            bar.update(end - start)
+    bar.close()
+    stacked = {name: torch.stack([torch.cat(chunks) for chunks in per_layer])
+               for name, per_layer in stats.items()}
+    settings = {
+        "model": getattr(getattr(model, "info", None), "name", "model"),
+        "components": list(components), "reducers": list(reducers), "batch_size": batch_size,
+        "exclude_bos": exclude_bos, "examples": dict(examples.settings),
+    }
+    return ProbeResult(stats=stacked, layers=layer_list, ids=list(examples.ids), settings=settings)
+
+
+def _device(model: Any) -> torch.device:
+    return next(model.original_model.parameters()).device
+
+
+def nan_to_none(x: float) -> float | None:
+    return None if math.isnan(x) else x

@@ -1,0 +1,66 @@
+"""Shared fixtures: tiny random models (unit tier) and the bundled real models (integration tier)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def smol():
+    """The bundled SmolLM2-135M (converted once into the user cache, then loaded in ~2 s)."""
+    import interp
+
+    return interp.load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma():
+    import interp
+
+    return interp.load_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def wiki_small(smol):
+    import interp
+
+    return interp.load_examples("wiki", smol.tokenizer, n=16, seq_len=64, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    import interp
+
+    return interp.tiny_model("llama", seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2():
+    import interp
+
+    return interp.tiny_model("gpt2", seed=0)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Make every attempt to open a network connection fail loudly."""
+
+    class NetworkBlocked(RuntimeError):
+        pass
+
+    def refuse(*args, **kwargs):
+        raise NetworkBlocked("network access attempted while sockets are blocked")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    return NetworkBlocked
