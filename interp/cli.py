@@ -93,7 +93,7 @@ def _register_optional_commands() -> None:
     """Import the modules that register more subcommands (they add themselves to COMMANDS)."""
     import importlib
 
-    for module in ("interp.cli_commands",):
+    for module in ("interp.cli_attention", "interp.cli_quant", "interp.cli_lens", "interp.cli_report"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
