@@ -151,6 +151,7 @@ class ProbeResult:
     layers: list[int]
     ids: list[str]
     settings: dict[str, Any] = field(default_factory=dict)
+    nll: torch.Tensor | None = None  # [N] mean next-token NLL, when probed with with_nll=True
 
     def __post_init__(self) -> None:
         for key, value in self.stats.items():
@@ -285,6 +286,7 @@ def probe(
     progress: bool | None = None,
     memory_fraction: float = 0.5,
     extra_hooks: Sequence[tuple[str, Callable[..., Any]]] = (),
+    with_nll: bool = False,
 ) -> ProbeResult:
     """Run ``model`` over ``examples`` and reduce each (component, layer) as it streams past.
 
@@ -299,8 +301,11 @@ def probe(
         exclude_bos: leave position 0 out of position averages.
         progress: show a tqdm bar (default: when stderr is a terminal).
         memory_fraction: refuse ``full`` captures larger than this share of free memory.
-        extra_hooks: ``(hook_name, fn)`` pairs run during the same forwards (e.g. SAOBP's
-            pattern hook, which then changes what later layers see).
+        extra_hooks: ``(hook_name, fn)`` pairs run during the same forwards, before the
+            measuring hooks (e.g. SAOBP's pattern hook, which then changes what the probe and
+            later layers see).
+        with_nll: also compute each example's mean next-token NLL from the same forwards
+            (``result.nll``); the forward then always runs to the end.
 
     Returns:
         A :class:`ProbeResult`.
@@ -361,16 +366,23 @@ def probe(
     # batches stop right after the last requested hook, skipping the remaining layers and
     # the unembed. (Not with extra hooks, whose effects a caller may want downstream.)
     batch_state.update(last=None, fired=[])
+    run_to_end = bool(extra_hooks) or with_nll
+    nll_chunks: list[torch.Tensor] = []
 
     bar = tqdm(total=n, desc="probe", unit="ex", disable=not show_progress(progress))
     with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
         for start, end in batches(n, batch_size):
             batch_state["ids"] = examples.ids[start:end]
+            tokens = examples.tokens[start:end].to(_device(model))
             try:
-                model.original_model(input_ids=examples.tokens[start:end].to(_device(model)))
+                out = model.original_model(input_ids=tokens)
+                if with_nll:
+                    from interp.scoring import token_nll
+
+                    nll_chunks.append(token_nll(out.logits, tokens).double().mean(dim=1).float().cpu())
             except _StopForward:
                 pass
-            if not extra_hooks and batch_state["last"] is None and batch_state["fired"]:
+            if not run_to_end and batch_state["last"] is None and batch_state["fired"]:
                 batch_state["last"] = batch_state["fired"][-1]
             bar.update(end - start)
     bar.close()
@@ -381,7 +393,8 @@ def probe(
         "components": list(components), "reducers": list(reducers), "batch_size": batch_size,
         "exclude_bos": exclude_bos, "examples": dict(examples.settings),
     }
-    return ProbeResult(stats=stacked, layers=layer_list, ids=list(examples.ids), settings=settings)
+    return ProbeResult(stats=stacked, layers=layer_list, ids=list(examples.ids), settings=settings,
+                       nll=torch.cat(nll_chunks) if with_nll else None)
 
 
 def _device(model: Any) -> torch.device:

@@ -1,0 +1,181 @@
+"""Layer-by-layer attention localization of a loaded model, with and without SAOBP.
+
+:func:`analyze` runs the model over examples through the probe machinery. The hook on
+``blocks.{l}.attn.hook_pattern`` reduces each batch's pattern to per-head means of
+entropy, normalised entropy, GTD, sink share and effective span, then drops it, so no
+attention tensor is kept across batches. With ``saobp_beta``, a second pass installs
+:func:`interp.attention.saobp_hook` on the analysed layers *before* the measuring hooks:
+the statistics then describe the refined pattern, later layers see the refined attention
+output, and the per-example NLL change measures what SAOBP does to the pretrained model.
+
+Reading the result:
+
+- ``result.table`` has one row per (variant, layer, head) with the five metrics, averaged
+  over examples (``variant`` is ``"reference"`` or ``"saobp"``);
+- ``result.by_layer()`` averages over heads and gives the head spread;
+- ``result.delta_nll`` is ``NLL(saobp) - NLL(reference)`` per example.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import pandas as pd
+import torch
+
+from interp import hooks as hk
+from interp.data import Examples
+from interp.probes import probe
+
+METRICS = ("entropy", "entropy_norm", "gtd", "sink_share", "effective_span")
+LABELS = {
+    "entropy": "entropy (nats)",
+    "entropy_norm": "normalised entropy",
+    "gtd": "GTD",
+    "sink_share": "sink share (mass on BOS)",
+    "effective_span": "effective span exp(H)",
+}
+
+
+@dataclass(frozen=True)
+class AttentionResult:
+    """Per layer and head attention statistics, for the reference model and optionally SAOBP.
+
+    Attributes:
+        table: long DataFrame with columns variant, layer, head and one column per metric.
+        nll_reference: per-example NLL of the unmodified model (when computed).
+        nll_saobp: per-example NLL with SAOBP on the analysed layers (when computed).
+        settings: beta, mode, layers, examples' settings.
+    """
+
+    table: pd.DataFrame
+    nll_reference: torch.Tensor | None = None
+    nll_saobp: torch.Tensor | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def delta_nll(self) -> torch.Tensor | None:
+        if self.nll_reference is None or self.nll_saobp is None:
+            return None
+        return self.nll_saobp - self.nll_reference
+
+    @property
+    def variants(self) -> list[str]:
+        return list(dict.fromkeys(self.table["variant"]))
+
+    def by_layer(self) -> pd.DataFrame:
+        """Mean, min and max over heads per (variant, layer) for every metric."""
+        grouped = self.table.groupby(["variant", "layer"])[list(METRICS)]
+        out = grouped.agg(["mean", "min", "max"])
+        out.columns = [f"{metric}_{stat}" for metric, stat in out.columns]
+        return out.reset_index()
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.table.copy()
+
+    def to_dict(self) -> dict[str, Any]:
+        layer = self.by_layer()
+        summary: dict[str, Any] = {"settings": self.settings, "by_layer": {}}
+        for variant in self.variants:
+            rows = layer[layer["variant"] == variant]
+            summary["by_layer"][variant] = {m: rows[f"{m}_mean"].round(6).tolist() for m in METRICS}
+        if self.delta_nll is not None:
+            summary["nll_reference_mean"] = float(self.nll_reference.mean())
+            summary["nll_saobp_mean"] = float(self.nll_saobp.mean())
+            summary["delta_nll_mean"] = float(self.delta_nll.mean())
+        return summary
+
+    def figure(self, metric: str = "entropy") -> Any:
+        from interp.figures import metric_by_layer
+
+        return metric_by_layer(self, metric)
+
+    def heatmap(self, metric: str = "entropy", variant: str = "reference") -> Any:
+        from interp.figures import metric_heatmap
+
+        return metric_heatmap(self, metric, variant)
+
+
+def _table(stats: Any, variant: str) -> pd.DataFrame:
+    frames = []
+    for metric in METRICS:
+        values = stats["pattern", metric].float().mean(dim=1)  # [layers, heads], mean over examples
+        n_layers, n_heads = values.shape
+        frame = pd.DataFrame({
+            "variant": variant,
+            "layer": [layer for layer in stats.layers for _ in range(n_heads)],
+            "head": list(range(n_heads)) * n_layers,
+            metric: values.flatten().double().numpy(),
+        })
+        frames.append(frame.set_index(["variant", "layer", "head"]))
+    return pd.concat(frames, axis=1).reset_index()
+
+
+def analyze(
+    model: Any,
+    examples: Examples,
+    saobp_beta: float | torch.Tensor | None = None,
+    layers: Sequence[int] | None = None,
+    mode: str = "exact",
+    batch_size: int = 8,
+    with_nll: bool = True,
+    progress: bool | None = None,
+) -> AttentionResult:
+    """Attention entropy, GTD, sink share and effective span per layer and head.
+
+    Args:
+        model: a bridge from :func:`interp.load_model`.
+        examples: token rows.
+        saobp_beta: if given, also measure after inference-time SAOBP with this beta
+            (a float or a per-head tensor) on ``layers``.
+        layers: layers to analyse and refine (default: all).
+        mode: SAOBP mode, ``"exact"`` or ``"first_order"``.
+        batch_size: examples per forward.
+        with_nll: also compute per-example NLL for both variants (needed for the NLL change).
+        progress: show progress bars.
+
+    Returns:
+        An :class:`AttentionResult`.
+    """
+    from interp.attention.saobp import saobp_hook
+
+    layer_list = hk.check_layers(model, layers)
+    kwargs = dict(batch_size=batch_size, layers=layer_list, progress=progress)
+    reference = probe(model, examples, ["pattern"], list(METRICS), with_nll=with_nll and saobp_beta is not None,
+                      **kwargs)
+    table = _table(reference, "reference")
+    nll_ref = reference.nll
+    nll_saobp = None
+    if saobp_beta is not None:
+        hook = saobp_hook(saobp_beta, mode=mode)  # validates beta and mode once
+        extra = [(hk.hook_point(model, "pattern", layer), hook) for layer in layer_list]
+        refined = probe(model, examples, ["pattern"], list(METRICS), extra_hooks=extra, with_nll=with_nll, **kwargs)
+        table = pd.concat([table, _table(refined, "saobp")], ignore_index=True)
+        nll_saobp = refined.nll
+    beta_setting = saobp_beta.tolist() if isinstance(saobp_beta, torch.Tensor) else saobp_beta
+    settings = {"saobp_beta": beta_setting, "mode": mode, "layers": layer_list, "batch_size": batch_size,
+                "examples": dict(examples.settings), "model": getattr(getattr(model, "info", None), "name", "")}
+    return AttentionResult(table=table, nll_reference=nll_ref, nll_saobp=nll_saobp, settings=settings)
+
+
+def capture_patterns(model: Any, tokens: torch.Tensor, layers: Sequence[int], saobp_beta: float | None = None,
+                     mode: str = "exact") -> dict[int, torch.Tensor]:
+    """Attention patterns ``[head, q, k]`` of one token row at ``layers`` (for attention-map figures)."""
+    from interp.attention.saobp import saobp_hook
+
+    layer_list = hk.check_layers(model, layers)
+    captured: dict[int, torch.Tensor] = {}
+    fwd_hooks = []
+    for layer in layer_list:
+        name = hk.hook_point(model, "pattern", layer)
+        if saobp_beta is not None:
+            fwd_hooks.append((name, saobp_hook(saobp_beta, mode=mode)))
+
+        def keep(x: torch.Tensor, hook: Any, layer: int = layer) -> None:
+            captured[layer] = x[0].detach().float().cpu()
+
+        fwd_hooks.append((name, keep))
+    with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
+        model.original_model(input_ids=tokens.reshape(1, -1))
+    return captured

@@ -1,0 +1,82 @@
+"""``interp attention`` and ``interp train-saobp``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from interp.cli import add_model_data, command, load_model_and_examples
+
+
+def _attention_args(p: argparse.ArgumentParser) -> None:
+    add_model_data(p, n=16, seq_len=96)
+    p.add_argument("--beta", type=float, default=4.0, help="SAOBP beta for the inference-time comparison (0 = off)")
+    p.add_argument("--mode", default="exact", choices=["exact", "first_order"])
+    p.add_argument("--layers", default=None, help="comma-separated layers (default: all)")
+    p.add_argument("--map-layers", default="-1", help="layers for the attention-map figures")
+    p.add_argument("--out", default="reports/attention")
+    p.add_argument("--no-static", action="store_true", help="skip PNG/SVG export")
+
+
+@command("attention", "attention entropy, GTD, sink share per layer and head, with and without SAOBP",
+         _attention_args)
+def cmd_attention(args: argparse.Namespace) -> int:
+    from interp import figures
+    from interp.attention.analysis import METRICS, analyze, capture_patterns
+    from interp.io import ensure_writable_dir, write_json
+
+    out = ensure_writable_dir(args.out)
+    start = time.time()
+    model, examples = load_model_and_examples(args)
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+    result = analyze(model, examples, saobp_beta=args.beta or None, layers=layers, mode=args.mode,
+                     batch_size=args.batch_size, progress=not args.quiet and None)
+    result.to_frame().to_csv(out / "attention_by_head.csv", index=False)
+    result.by_layer().to_csv(out / "attention_by_layer.csv", index=False)
+    write_json(out / "attention.json", result.to_dict())
+    figs = {f"{m}_by_layer": result.figure(m) for m in METRICS}
+    figs.update({f"{m}_heatmap_{v}": result.heatmap(m, v) for m in ("entropy", "gtd", "sink_share")
+                 for v in result.variants})
+    tokens = examples.tokens[0, :32]
+    labels = [model.tokenizer.decode([int(t)]) for t in tokens]
+    map_layers = [int(x) for x in args.map_layers.split(",")]
+    for variant, beta in [("reference", None), ("saobp", args.beta or None)]:
+        if variant == "saobp" and beta is None:
+            continue
+        for layer, pattern in capture_patterns(model, tokens, map_layers, saobp_beta=beta, mode=args.mode).items():
+            head = int(pattern[:, 1:, 0].mean(1).argmax())  # the most sink-heavy head
+            figs[f"map_L{layer}_H{head}_{variant}"] = figures.attention_map(
+                pattern[head], labels, f"layer {layer} head {head} ({variant})")
+    for name, fig in figs.items():
+        fig.write_html(out / f"{name}.html", include_plotlyjs="directory")
+    if not args.no_static:
+        figures.export_static(figs, out / "static")
+    summary = result.by_layer()
+    cols = ["variant", "layer", "entropy_mean", "gtd_mean", "sink_share_mean"]
+    print(summary[cols].to_string(index=False, float_format="{:.3f}".format))
+    if result.delta_nll is not None:
+        print(f"\nmean NLL change with SAOBP beta={args.beta}: {float(result.delta_nll.mean()):+.4f} nats")
+    print(f"{time.time() - start:.1f} s; tables and figures in {out}/")
+    return 0
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="runs/saobp", help="output folder (resumed if it holds a checkpoint)")
+    p.add_argument("--quick", action="store_true", help="tiny model, few steps (under 2 minutes)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fresh", action="store_true", help="start over instead of resuming")
+    p.add_argument("--quiet", action="store_true")
+
+
+@command("train-saobp", "train a small llama with and without SAOBP attention and log how they compare",
+         _train_args)
+def cmd_train_saobp(args: argparse.Namespace) -> int:
+    from interp.attention import train
+
+    log = train.run(args.out, quick=args.quick, steps=args.steps, seed=args.seed, resume=not args.fresh,
+                    quiet=args.quiet)
+    last = log[log["step"] == log["step"].max()]
+    print(last.filter(regex="^(model|step|heldout_loss)").to_string(index=False))
+    print(f"log: {args.out}/log.csv")
+    return 0
