@@ -1,0 +1,163 @@
+"""Time ``quantize_weight`` for every method against the libraries it is checked against.
+
+Shapes are SmolLM2-135M's MLP projections: gate/up ``[1536, 576]`` and down
+``[576, 1536]``. GPTQ and AWQ get 128 x 128 = 16,384 calibration tokens of a synthetic,
+LLM-like input distribution (correlated channels, a few 12x outlier channels, a
+per-token magnitude), and the reported output error is on 2,048 other tokens of it.
+
+References:
+- ``bnb nf4``: bitsandbytes ``quantize_4bit`` + ``dequantize_4bit`` (CPU);
+- ``hqq pkg``: ``hqq.core.quantize.Quantizer.quantize`` + ``dequantize`` called directly.
+
+Run from the repository root::
+
+    python benchmarks/bench_quant_methods.py [--repeats 5] [--threads 1]
+
+One thread by default: on a shared 2-core machine, two torch threads contend with
+other processes and the timings scatter by 10x; one thread gives repeatable numbers.
+
+It prints a markdown table: median wall time over the repeats, the ratio to the
+reference named in the row (for gptq/awq: to our rtn at the same bits), and the
+relative weight and held-out output errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from interp.quant import quantize_weight  # noqa: E402
+from interp.quant.methods import relative_error, relative_output_error  # noqa: E402
+
+SHAPES = [(1536, 576), (576, 1536)]
+N_CALIBRATION = 128 * 128
+N_HELD_OUT = 2048
+
+# (our spec, reference label or None, rtn spec to compare against when no reference)
+ROWS = [
+    ("rtn:bits=4,group=64", "hqq pkg optimize=0", None),
+    ("rtn:bits=4,group=64,zero=int", "hqq pkg optimize=0", None),
+    ("nf:bits=4,group=64", "bnb nf4", None),
+    ("nf:bits=3,group=64", "bnb nf4", None),
+    ("hqq:bits=4,group=64,optimize=0", "hqq pkg optimize=0", None),
+    ("hqq:bits=4,group=64", "hqq pkg optimize=1", None),
+    ("gptq:bits=4,group=64", None, "rtn:bits=4,group=64"),
+    ("gptq:bits=4,group=64,act_order=0", None, "rtn:bits=4,group=64"),
+    ("gptq:bits=3,group=64", None, "rtn:bits=3,group=64"),
+    ("awq:bits=4,group=64", None, "rtn:bits=4,group=64"),
+    ("awq:bits=3,group=64", None, "rtn:bits=3,group=64"),
+]
+
+
+def activations(n_tokens: int, d_in: int, seed: int) -> torch.Tensor:
+    """One fixed synthetic input distribution per d_in (seeded), sampled with ``seed``."""
+    structure = torch.Generator().manual_seed(d_in)
+    mixing = torch.eye(d_in) + 0.6 * torch.randn(d_in, d_in, generator=structure) / math.sqrt(d_in)
+    channel_scale = torch.ones(d_in)
+    channel_scale[torch.randperm(d_in, generator=structure)[: d_in // 100]] = 12.0
+    sample = torch.Generator().manual_seed(seed)
+    token_scale = torch.rand(n_tokens, 1, generator=sample) + 0.5
+    return (torch.randn(n_tokens, d_in, generator=sample) @ mixing) * channel_scale * token_scale
+
+
+def median_seconds(fn: Callable[[], torch.Tensor], repeats: int) -> tuple[float, torch.Tensor]:
+    result = fn()  # warm-up: imports, codebooks, allocator
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def reference_fns(W: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+    import bitsandbytes.functional as bnb
+    from hqq.core.quantize import Quantizer
+
+    def hqq_pkg(optimize: bool) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:
+            levels, meta = Quantizer.quantize(
+                W,
+                nbits=4,
+                group_size=64,
+                optimize=optimize,
+                axis=1,
+                bitpack=False,
+                compute_dtype=torch.float32,
+                device="cpu",
+            )
+            meta["compute_dtype"] = torch.float32
+            return Quantizer.dequantize(levels, meta)
+
+        return run
+
+    def bnb_nf4() -> torch.Tensor:
+        packed, state = bnb.quantize_4bit(W, blocksize=64, quant_type="nf4")
+        return bnb.dequantize_4bit(packed, state)
+
+    return {
+        "bnb nf4": bnb_nf4,
+        "hqq pkg optimize=0": hqq_pkg(False),
+        "hqq pkg optimize=1": hqq_pkg(True),
+    }
+
+
+def bench_shape(shape: tuple[int, int], repeats: int) -> list[str]:
+    d_out, d_in = shape
+    W = torch.randn(d_out, d_in, generator=torch.Generator().manual_seed(0)) * 0.02
+    calibration = activations(N_CALIBRATION, d_in, seed=1)
+    held_out = activations(N_HELD_OUT, d_in, seed=2)
+    timed: dict[str, float] = {}
+    for label, fn in reference_fns(W).items():
+        timed[label], _ = median_seconds(fn, repeats)
+    lines = []
+    for spec, reference, rtn_spec in ROWS:
+        seconds, W_hat = median_seconds(lambda s=spec: quantize_weight(W, s, calibration), repeats)
+        timed[spec] = seconds
+        against = reference or rtn_spec
+        assert against is not None
+        if against not in timed:
+            timed[against], _ = median_seconds(lambda s=against: quantize_weight(W, s), repeats)
+        lines.append(
+            f"| `{d_out}x{d_in}` | `{spec}` | {1000 * seconds:.1f} | {against} | "
+            f"{1000 * timed[against]:.1f} | {seconds / timed[against]:.2f} | "
+            f"{relative_error(W, W_hat):.4f} | {relative_output_error(W, W_hat, held_out):.4f} |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}, "
+        f"median of {args.repeats} runs after one warm-up; W ~ N(0, 0.02^2); "
+        f"gptq/awq calibrated on {N_CALIBRATION} synthetic tokens, output error on "
+        f"{N_HELD_OUT} held-out tokens\n"
+    )
+    print(
+        "| W shape | spec | ours (ms) | compared with | theirs (ms) | ratio | rel. weight error | rel. output error |"
+    )
+    print("|---|---|---:|---|---:|---:|---:|---:|")
+    for shape in SHAPES:
+        for line in bench_shape(shape, args.repeats):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Weight-only fake quantization: method specs and per-layer quantizers.
+
+``parse_spec``/``MethodSpec`` are pure Python; ``quantize_weight`` and the error
+helpers load torch-side code (and scipy/hqq when a method needs them) on first use.
+
+Example:
+    >>> from interp.quant import parse_spec
+    >>> str(parse_spec("nf:bits=4"))
+    'nf:bits=4,group=64'
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from interp.quant.spec import MethodSpec, parse_spec
+
+if TYPE_CHECKING:
+    from interp.quant.methods import (
+        quantize_weight,
+        relative_error,
+        relative_output_error,
+    )
+
+__all__ = [
+    "MethodSpec",
+    "parse_spec",
+    "quantize_weight",
+    "relative_error",
+    "relative_output_error",
+]
+
+_LAZY = {"quantize_weight", "relative_error", "relative_output_error"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from interp.quant import methods
+
+        return getattr(methods, name)
+    raise AttributeError(f"module 'interp.quant' has no attribute {name!r}")
+
+# --- whole-model quantization, scoring and analyses (interp.quant.apply / store / analysis) ---
+_LAZY_MODULES = {
+    "quantize": "apply", "quantize_cached": "apply", "save_quantized": "apply", "load_quantized": "apply",
+    "model_hash": "apply", "QuantInfo": "apply",
+    "score": "store", "ScoreStore": "store",
+    "agreement": "analysis", "split_large_ctrl": "analysis", "norm_error_correlation": "analysis",
+    "reversal": "analysis",
+}
+__all__ += list(_LAZY_MODULES)
+_methods_getattr = __getattr__
+
+
+def __getattr__(name: str) -> Any:  # noqa: F811 - extends the lazy loader above
+    if name in _LAZY_MODULES:
+        import importlib
+
+        return getattr(importlib.import_module(f"interp.quant.{_LAZY_MODULES[name]}"), name)
+    return _methods_getattr(name)
