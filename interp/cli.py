@@ -117,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+if __name__ == "__main__":  # pragma: no cover - run as a module: delegate to the registered copy
+    from interp.cli import main as registered_main
+
+    sys.exit(registered_main())
 
 
 def default_out(name: str) -> str:
