@@ -1,0 +1,267 @@
+"""How localized is an attention pattern? Entropy, GTD, sink share and effective span.
+
+Every function here is a pure function of an attention pattern ``A`` of shape
+``[..., query, key]`` (any leading axes: batch, head, layer). Row ``i`` is the
+distribution of query ``i`` over the keys. The patterns this project meets are causal
+(``A[i, k] = 0`` for ``k > i``), may carry zero columns for padded keys, and may carry
+all-zero rows for padded queries. All-zero rows give ``0`` everywhere here, never NaN;
+use :func:`valid_query_mask` to leave them (and the first position, which can only see
+one key) out of averages.
+
+Quantities (per query ``i``, natural logs):
+
+* **Entropy** ``H_i = -sum_k A_ik log A_ik`` with ``0 log 0 = 0``. It lies in
+  ``[0, log n_i]`` where ``n_i`` is the number of keys query ``i`` may attend to. The
+  normalized entropy ``H_i / log n_i`` lies in ``[0, 1]`` so short prefixes do not look
+  collapsed. A collapsed head (everything on one "sink" key) has entropy near 0.
+* **Effective span** ``exp(H_i)``: the number of keys a uniform distribution with the same
+  entropy would cover.
+* **Sink share** ``A_i,sink``: mass on one key, by default key 0 (the BOS token).
+* **Global Token Dependency (GTD)**: the total variation distance between the direct
+  attention row ``A_i`` and the multi-hop walk mixture
+  ``W = sum_{m=2..K} alpha^(m-2) A^m / sum_{m=2..K} alpha^(m-2)``. With ``K = 2`` this is
+  ``TV(A_i, (A @ A)_i)``. If a head has collapsed onto a sink that attends to itself,
+  ``A @ A = A`` and GTD is 0: multi-hop paths add nothing. Chains ``i -> j -> k`` over
+  distinct tokens give a high GTD.
+
+The GTD formula is this project's own derivation from the description in the SAOBP paper
+(Findings of EMNLP 2025, arXiv 2509.07324), which calls GTD "the relative contribution of
+multi-hop connections in the attention graph"; ``hops`` and ``alpha`` let a user match
+another reading. See ``docs/attention.md``.
+
+Example:
+    >>> import torch
+    >>> from interp.attention import entropy, gtd, valid_query_mask
+    >>> uniform = torch.tril(torch.ones(4, 4))
+    >>> uniform = uniform / uniform.sum(-1, keepdim=True)
+    >>> entropy(uniform, normalized=True)
+    tensor([0., 1., 1., 1.])
+    >>> valid_query_mask(4)
+    tensor([False,  True,  True,  True])
+    >>> sink = torch.zeros(4, 4); sink[:, 0] = 1.0
+    >>> gtd(sink)
+    tensor([0., 0., 0., 0.])
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+
+from interp.errors import InterpError
+from interp.typing import Pattern, PerQuery
+
+KeyMask = Bool[Tensor, "... key"]
+QueryMask = Bool[Tensor, "... query"]
+
+__all__ = [
+    "effective_span",
+    "entropy",
+    "gtd",
+    "keys_per_query",
+    "masked_mean",
+    "sink_share",
+    "valid_query_mask",
+]
+
+
+def _check_pattern(pattern: Tensor, *, square: bool = False) -> None:
+    if not isinstance(pattern, Tensor) or pattern.ndim < 2:
+        raise InterpError(
+            "An attention pattern must be a tensor of shape [..., query, key]; "
+            f"got {type(pattern).__name__} with shape {getattr(pattern, 'shape', None)}. "
+            "Pass e.g. cache['blocks.0.attn.hook_pattern'] ([batch, head, query, key])."
+        )
+    if not pattern.is_floating_point():
+        raise InterpError(f"An attention pattern must be floating point, got {pattern.dtype}; call .float() first.")
+    q, k = pattern.shape[-2:]
+    if q > k:
+        raise InterpError(
+            f"The pattern has more queries ({q}) than keys ({k}); pass it as [..., query, key], not transposed."
+        )
+    if square and q != k:
+        raise InterpError(
+            f"This quantity needs the full square pattern (query == key), got {q} x {k}. "
+            "Run the model on the whole sequence without a KV cache (use_cache=False)."
+        )
+
+
+def _working_dtype(pattern: Tensor) -> Tensor:
+    """Half-precision patterns are upcast: sums of many small terms lose too much in fp16."""
+    return pattern.float() if pattern.dtype in (torch.float16, torch.bfloat16) else pattern
+
+
+def keys_per_query(n_queries: int, key_mask: KeyMask | None = None, n_keys: int | None = None) -> Tensor:
+    """Number of keys ``n_i`` each query may attend to under a causal mask and padding.
+
+    Queries are aligned to the last ``n_queries`` keys (query ``i`` sits at key position
+    ``n_keys - n_queries + i``), which is the layout of a causal model with or without a
+    cached prefix.
+
+    Args:
+        n_queries: number of query positions ``q``.
+        key_mask: ``[..., key]`` bool, True for real (non-padded) keys. ``None`` means every
+            key is real.
+        n_keys: number of keys when ``key_mask`` is None; defaults to ``n_queries``.
+
+    Returns:
+        ``[..., query]`` int64 counts (shape ``[query]`` when ``key_mask`` is None).
+
+    Example:
+        >>> keys_per_query(3)
+        tensor([1, 2, 3])
+        >>> keys_per_query(3, torch.tensor([False, True, True]))
+        tensor([0, 1, 2])
+    """
+    if key_mask is None:
+        n_keys = n_queries if n_keys is None else n_keys
+        return torch.arange(1, n_queries + 1) + (n_keys - n_queries)
+    if key_mask.dtype != torch.bool:
+        raise InterpError(f"key_mask must be a bool tensor [..., key] (True = real token), got {key_mask.dtype}.")
+    n_keys = key_mask.shape[-1]
+    if n_queries > n_keys:
+        raise InterpError(
+            f"key_mask covers {n_keys} keys but there are {n_queries} queries; pass a mask over all keys."
+        )
+    counts = key_mask.long().cumsum(-1)
+    return counts[..., n_keys - n_queries :]
+
+
+def valid_query_mask(n_queries: int, key_mask: KeyMask | None = None, min_keys: int = 2) -> QueryMask:
+    """Which queries to include when averaging a per-query quantity.
+
+    A query is valid when its own position is a real token (not padding) and it may
+    attend to at least ``min_keys`` keys. With the default ``min_keys=2`` the first real
+    position, which can only attend to itself (entropy 0 by construction, normalized
+    entropy undefined), is excluded, as the spec asks for normalized means.
+
+    Args:
+        n_queries: number of query positions.
+        key_mask: ``[..., key]`` bool, True for real keys; None means no padding.
+        min_keys: smallest number of visible keys a query needs to count.
+
+    Returns:
+        ``[..., query]`` bool mask (``[query]`` when ``key_mask`` is None).
+
+    Example:
+        >>> valid_query_mask(3, torch.tensor([[True, True, True], [False, True, True]]))
+        tensor([[False,  True,  True],
+                [False, False,  True]])
+    """
+    n_visible = keys_per_query(n_queries, key_mask)
+    valid = n_visible >= min_keys
+    if key_mask is not None:
+        valid = valid & key_mask[..., key_mask.shape[-1] - n_queries :]
+    return valid
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
+    """Mean of ``values`` over the entries where ``mask`` is True (mask broadcasts).
+
+    Entries outside the mask do not count, even if they are NaN. A slice with no valid
+    entry gives NaN, which makes an empty selection visible instead of silently 0.
+
+    Example:
+        >>> masked_mean(torch.tensor([1.0, 3.0, float("nan")]), torch.tensor([True, True, False]))
+        tensor(2.)
+    """
+    mask = mask.expand_as(values)
+    total = torch.where(mask, values, torch.zeros_like(values)).sum(dim=dim)
+    count = mask.sum(dim=dim)
+    return total / count
+
+
+def entropy(pattern: Pattern, normalized: bool = False, key_mask: KeyMask | None = None) -> PerQuery:
+    """Attention entropy per query, in nats (``0 log 0 = 0``).
+
+    Args:
+        pattern: ``[..., query, key]`` rows summing to 1 (or all zero for padded queries).
+        normalized: divide by ``log n_i``, where ``n_i`` is the number of keys query ``i``
+            may attend to (causal and not padded). Queries with ``n_i <= 1`` give 0; drop
+            them from means with :func:`valid_query_mask`.
+        key_mask: ``[..., key]`` bool, True for real keys, used only to count ``n_i``.
+
+    Returns:
+        ``[..., query]`` entropies: in ``[0, log n_i]``, or ``[0, 1]`` when normalized.
+
+    Example:
+        >>> entropy(torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
+        tensor([0.0000, 0.6931])
+    """
+    _check_pattern(pattern)
+    work = _working_dtype(pattern)
+    h = 0.0 - torch.special.xlogy(work, work).sum(-1)  # 0.0 - x avoids printing -0.
+    if not normalized:
+        return h
+    n_visible = keys_per_query(pattern.shape[-2], key_mask, n_keys=pattern.shape[-1]).to(h.device)
+    log_n = torch.log(n_visible.clamp_min(1).to(h.dtype))
+    return torch.where(n_visible > 1, h / torch.where(n_visible > 1, log_n, torch.ones_like(log_n)), 0.0)
+
+
+def effective_span(pattern: Pattern) -> PerQuery:
+    """Effective number of attended keys, ``exp(H_i)``; 1 for a one-hot (or all-zero) row.
+
+    Example:
+        >>> effective_span(torch.tensor([[0.25, 0.25, 0.25, 0.25]]))
+        tensor([4.])
+    """
+    return torch.exp(entropy(pattern))
+
+
+def sink_share(pattern: Pattern, sink: int = 0) -> PerQuery:
+    """Attention mass each query puts on the key at index ``sink`` (default 0, the BOS).
+
+    Example:
+        >>> sink_share(torch.tensor([[1.0, 0.0], [0.7, 0.3]]))
+        tensor([1.0000, 0.7000])
+    """
+    _check_pattern(pattern)
+    n_keys = pattern.shape[-1]
+    if not -n_keys <= sink < n_keys:
+        raise InterpError(f"sink={sink} is out of range for {n_keys} keys; pass a key index in [0, {n_keys - 1}].")
+    return pattern[..., sink]
+
+
+def _walk_mixture(pattern: Tensor, hops: int, alpha: float) -> Tensor:
+    """``sum_{m=2..hops} alpha^(m-2) A^m`` divided by the sum of its weights."""
+    power = pattern @ pattern
+    mixture = power.clone()
+    weight_sum = 1.0
+    for m in range(3, hops + 1):
+        power = power @ pattern
+        weight = alpha ** (m - 2)
+        mixture = mixture + weight * power
+        weight_sum += weight
+    return mixture / weight_sum
+
+
+def gtd(pattern: Pattern, hops: int = 2, alpha: float = 1.0) -> PerQuery:
+    """Global Token Dependency: ``TV(A_i, W_i)`` with ``W`` the multi-hop walk mixture.
+
+    ``W = sum_{m=2..hops} alpha^(m-2) A^m / sum_{m=2..hops} alpha^(m-2)``, and
+    ``TV(p, q) = 1/2 sum_k |p_k - q_k|``. This is the project's reading of the paper's GTD
+    (see the module docstring). Padded keys carry no mass so ``A^m`` stays well defined;
+    padded query rows give 0 (drop them with :func:`valid_query_mask`).
+
+    Args:
+        pattern: ``[..., query, key]`` square pattern (query == key).
+        hops: longest walk ``K >= 2`` in the mixture.
+        alpha: geometric weight of each extra hop (``>= 0``).
+
+    Returns:
+        ``[..., query]`` values clamped to ``[0, 1]``.
+
+    Example:
+        >>> chain = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+        >>> gtd(chain)
+        tensor([0., 0., 1.])
+    """
+    _check_pattern(pattern, square=True)
+    if isinstance(hops, bool) or not isinstance(hops, int) or hops < 2:
+        raise InterpError(f"hops must be an integer >= 2 (2 compares A with A @ A), got {hops!r}.")
+    if not alpha >= 0:
+        raise InterpError(f"alpha must be >= 0 (the weight of each extra hop), got {alpha!r}.")
+    work = _working_dtype(pattern)
+    distance = 0.5 * (work - _walk_mixture(work, hops, alpha)).abs().sum(-1)
+    return distance.clamp(0.0, 1.0)
