@@ -43,7 +43,7 @@ DEFAULT_METHODS = (
     "gptq:bits=3,group=64", "gptq:bits=4,group=64", "awq:bits=3,group=64", "awq:bits=4,group=64",
     "hqq:bits=3,group=64",
 )
-QUICK_METHODS = ("rtn:bits=3,group=64", "nf:bits=3,group=64", "gptq:bits=3,group=64")
+QUICK_METHODS = ("rtn:bits=3,group=64", "nf:bits=3,group=64", "rtn:bits=4,group=64")  # calibration-free: fast
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class ReportSettings:
 
     @classmethod
     def quick(cls, **overrides: Any) -> "ReportSettings":
-        base = dict(n=24, seq_len=48, methods=QUICK_METHODS, calibration_n=8, attention_n=4,
+        base = dict(n=20, seq_len=32, methods=QUICK_METHODS, calibration_n=8, attention_n=4,
                     patch_method="rtn:bits=3,group=64")
         return cls(**{**base, **overrides})
 
