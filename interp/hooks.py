@@ -172,3 +172,29 @@ def final_norm(model: Any) -> Any:
 
 def unembed_weight(model: Any) -> torch.Tensor:
     return model.original_model.lm_head.weight
+
+
+# Input of each linear layer of a block, by role (for calibration-based quantizers).
+# ``q``/``k``/``v`` share one input (ln1's output), and so do ``gate``/``up`` (``h``);
+# ``o``'s input is the per-head mix ``z`` ([batch, pos, head, d_head]); ``down``'s is
+# act(gate) * up ([batch, pos, d_mlp]).
+LINEAR_INPUT_HOOKS: dict[str, str] = {
+    "q": "blocks.{layer}.attn.q.hook_in",
+    "k": "blocks.{layer}.attn.k.hook_in",
+    "v": "blocks.{layer}.attn.v.hook_in",
+    "o": "blocks.{layer}.attn.o.hook_in",
+    "gate": "blocks.{layer}.mlp.gate.hook_in",
+    "up": "blocks.{layer}.mlp.in.hook_in",
+    "down": "blocks.{layer}.mlp.out.hook_in",
+}
+
+
+def linear_input_hook(model: Any, layer: int, role: str) -> str:
+    """The hook point carrying the input of linear layer ``role`` (q, k, v, o, gate, up, down) in block ``layer``."""
+    if role not in LINEAR_INPUT_HOOKS:
+        raise ComponentError(f"Unknown linear role {role!r}. Valid roles: {', '.join(LINEAR_INPUT_HOOKS)}.")
+    (layer,) = check_layers(model, [layer])
+    name = LINEAR_INPUT_HOOKS[role].format(layer=layer)
+    if name not in model.hook_dict:
+        raise ComponentError(f"{_architecture(model)} has no hook point {name} for the input of {role!r}.")
+    return name

@@ -1,0 +1,198 @@
+"""Early-exit, restoration and patching subcommands: ``interp lens`` and ``interp patch``.
+
+Both start the same way: load the reference model and eval examples, quantize a copy with
+``--method`` (cached on disk), score both models on the examples, and pick D_large (the
+highest-error examples, deduplicated) and D_ctrl with
+:func:`interp.quant.analysis.split_large_ctrl`. Then:
+
+- ``interp lens`` runs early exit for {reference, quantized} x {D_large, D_ctrl} and the
+  top-k layer restoration curve on D_large;
+- ``interp patch`` runs the paper's patching table (upper half, all positions), gate input
+  against gate weights, and optionally the per-layer sweep.
+
+Every experiment writes ``<name>.csv`` and ``<name>.html`` into ``--out``, plus ``split.csv``
+(the per-example errors and sets) and ``settings.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from interp.cli import add_model_data, command
+from interp.errors import InterpError
+
+DEFAULT_METHOD = "rtn:bits=3,group=64"
+LENS_EXPERIMENTS = ("early-exit", "restoration")
+PATCH_EXPERIMENTS = ("table", "gate-input", "sweep", "attribution")
+
+
+def _common(p: argparse.ArgumentParser, out: str) -> None:
+    add_model_data(p, n=64, seq_len=128)
+    p.add_argument("--method", default=DEFAULT_METHOD, help="quantization method spec, e.g. gptq:bits=3,group=64")
+    p.add_argument("--calibration-n", type=int, default=64, help="calibration examples (gptq, awq)")
+    p.add_argument("--top", type=float, default=0.10, help="D_large: this fraction of highest-error examples")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--out", default=out, help="output folder")
+
+
+def _experiments(text: str, valid: tuple[str, ...]) -> list[str]:
+    chosen = [e.strip() for e in text.split(",") if e.strip()]
+    unknown = [e for e in chosen if e not in valid]
+    if unknown or not chosen:
+        raise InterpError(f"Unknown experiment(s) {unknown or text!r}; choose from {', '.join(valid)}.")
+    return chosen
+
+
+def prepare_pair(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    """Reference, quantized copy, eval examples and the D_large/D_ctrl split from CLI options."""
+    import pandas as pd
+    import torch
+
+    import interp
+    from interp.cli import load_model_and_examples
+    from interp.quant import parse_spec
+    from interp.quant.analysis import split_large_ctrl
+    from interp.quant.apply import quantize_cached
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec = parse_spec(args.method)
+    reference, examples = load_model_and_examples(args)
+    calibration = None
+    if spec.needs_calibration:
+        calibration = interp.load_examples(args.data, reference.tokenizer, n=args.calibration_n,
+                                           seq_len=args.seq_len, seed=args.seed, split="calibration")
+    quantized = quantize_cached(reference, spec, calibration=calibration, progress=not args.quiet and None)
+    progress = not args.quiet and None
+    errors = pd.Series((interp.nll(quantized, examples, args.batch_size, progress)
+                        - interp.nll(reference, examples, args.batch_size, progress)).double().numpy(),
+                       index=examples.ids, name=str(spec))
+    split = split_large_ctrl(errors, examples, top=args.top, seed=args.seed)
+    return reference, quantized, examples, split
+
+
+def _write(out: Path, name: str, table: Any, figure: Any) -> None:
+    table.to_csv(out / f"{name}.csv", index=False)
+    figure.write_html(out / f"{name}.html", include_plotlyjs="directory", full_html=True)
+
+
+def _show(title: str, table: Any) -> None:
+    import pandas as pd
+
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 40,
+                           "display.float_format", "{:.3f}".format):
+        print(f"\n{title}\n{table}")
+
+
+def _save_settings(out: Path, args: argparse.Namespace, reference: Any, examples: Any, split: Any,
+                   seconds: float) -> None:
+    from interp.io import write_json
+
+    split.to_frame().to_csv(out / "split.csv")
+    write_json(out / "settings.json", {
+        "command": args.command, "model": args.model, "method": args.method, "examples": examples.settings,
+        "split": split.to_dict(), "model_info": reference.info.to_dict(), "seconds": seconds,
+        "batch_size": args.batch_size, "experiments": args.experiments,
+    })
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def _lens_args(p: argparse.ArgumentParser) -> None:
+    _common(p, "reports/lens")
+    p.add_argument("--experiments", default=",".join(LENS_EXPERIMENTS), help="comma-separated: early-exit,restoration")
+    p.add_argument("--at", default="resid_post", choices=["resid_post", "resid_mid"], help="residual to decode")
+    p.add_argument("--ks", default=None, help="restoration: comma-separated numbers of top blocks (default 0..L)")
+
+
+@command("lens", "early exit (logit lens) per layer and top-k layer restoration, reference vs quantized", _lens_args)
+def cmd_lens(args: argparse.Namespace) -> int:
+    from interp import lens
+    from interp.io import ensure_writable_dir
+
+    experiments = _experiments(args.experiments, LENS_EXPERIMENTS)
+    out = ensure_writable_dir(args.out)
+    start = time.time()
+    reference, quantized, examples, split = prepare_pair(args)
+    progress = not args.quiet and None
+    if "early-exit" in experiments:
+        curves = lens.early_exit_curves({"reference": reference, "quantized": quantized},
+                                        {"D_large": split.large, "D_ctrl": split.ctrl}, at=args.at,
+                                        batch_size=args.batch_size, progress=progress)
+        table = curves.table().reset_index()
+        _write(out, "early_exit", table, curves.figure())
+        _show(f"Early exit ({args.at}); split layer on D_large: {curves.split_layer('D_large')}", table)
+    if "restoration" in experiments:
+        ks = [int(k) for k in args.ks.split(",")] if args.ks else None
+        restoration = lens.restoration_sweep(quantized, reference, split.large, ks=ks, batch_size=args.batch_size,
+                                             progress=progress)
+        _write(out, "restoration", restoration.table(), restoration.figure())
+        _show("Layer restoration on D_large", restoration.table())
+    _save_settings(out, args, reference, examples, split, time.time() - start)
+    print(f"\nD_large {len(split.large)} / D_ctrl {len(split.ctrl)} of {len(examples)} examples, "
+          f"{time.time() - start:.0f} s. Saved to {out}/")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def _patch_args(p: argparse.ArgumentParser) -> None:
+    _common(p, "reports/patch")
+    p.add_argument("--experiments", default="table,gate-input",
+                   help=f"comma-separated: {','.join(PATCH_EXPERIMENTS)}")
+    p.add_argument("--layers", default="upper_half",
+                   help="table and gate-input layers: upper_half, lower_half, all, or e.g. 15,16,17")
+    p.add_argument("--components", default="attn_out,gate,up,down,gate_input", help="table and sweep components")
+    p.add_argument("--max-rows", type=int, default=64, help="most rows (examples x stacked patches) per forward")
+
+
+def _layers(text: str) -> Any:
+    if text in ("upper_half", "lower_half", "all"):
+        return text
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise InterpError(f"--layers must be upper_half, lower_half, all or comma-separated indices; "
+                          f"got {text!r}.") from None
+
+
+@command("patch", "cross-model activation patching: reference components into the quantized model", _patch_args)
+def cmd_patch(args: argparse.Namespace) -> int:
+    from interp import patching
+    from interp.io import ensure_writable_dir
+
+    experiments = _experiments(args.experiments, PATCH_EXPERIMENTS)
+    out = ensure_writable_dir(args.out)
+    start = time.time()
+    reference, quantized, examples, split = prepare_pair(args)
+    components = [c.strip() for c in args.components.split(",") if c.strip()]
+    engine = {"batch_size": args.batch_size, "max_rows": args.max_rows, "progress": not args.quiet and None}
+    d_large = split.large
+    if "table" in experiments:
+        result = patching.patching_table(reference, quantized, d_large, _layers(args.layers), components, **engine)
+        _write(out, "patching_table", result.table(), result.figure())
+        _show("Patching table (recovery = fraction of the perplexity gap closed)", result.table())
+    if "gate-input" in experiments:
+        comparison = patching.gate_input_vs_gate_weights(reference, quantized, d_large, _layers(args.layers), **engine)
+        _write(out, "gate_input_vs_weights", comparison.table(), comparison.figure())
+        _show("Gate input vs gate weights", comparison.table())
+    sweep = None
+    if "sweep" in experiments:
+        sweep = patching.layer_sweep(reference, quantized, d_large, components, **engine)
+        _write(out, "layer_sweep", sweep.table(), sweep.figure())
+        _show("Per-layer sweep", sweep.table())
+    if "attribution" in experiments:
+        estimate = patching.attribution(quantized, reference, d_large, components,
+                                        batch_size=max(1, args.batch_size // 2), progress=engine["progress"])
+        _write(out, "attribution", estimate.table(), estimate.figure())
+        if sweep is not None:
+            rho = patching.rank_agreement(estimate, sweep)
+            print(f"\nAttribution vs exact sweep, Spearman rank correlation: {rho:.3f}")
+    _save_settings(out, args, reference, examples, split, time.time() - start)
+    print(f"\nD_large {len(d_large)} of {len(examples)} examples, {time.time() - start:.0f} s. Saved to {out}/")
+    return 0

@@ -1,0 +1,441 @@
+"""Quantize a whole model: every linear layer of every transformer block, on a copy.
+
+:func:`quantize` deep-copies the reference model and replaces each block's q, k, v, o,
+gate, up and down weights by their fake-quantized versions (see
+:mod:`interp.quant.methods`). Embeddings, the (tied) unembedding and the norm gammas are
+left as they are, as in the reference paper. The reference model is never modified.
+
+Calibrated methods (GPTQ, AWQ) need the inputs of each linear layer on calibration text.
+They are collected *sequentially*, as GPTQ does: the calibration activations entering
+block ``l`` are those produced by the already-quantized blocks ``0..l-1``, and inside a
+block the sub-layers are quantized in forward order, each seeing the outputs of the
+sub-layers quantized before it ("true sequential"):
+
+========  ===================================  ============================
+step      linear layers                        their input
+========  ===================================  ============================
+1         q, k, v (one shared input)           RMSNorm1(resid_pre)
+2         o                                    attention mix ``z``
+3         gate, up (one shared input)          ``h`` = RMSNorm2(resid_mid)
+4         down                                 act(gate) * up
+========  ===================================  ============================
+
+The inputs are read at the bridge hook points named by
+:func:`interp.hooks.linear_input_hook`; every token position, BOS included, is a
+calibration row. Each block is run on its own (its inputs are kept between blocks), so
+calibration costs about five block forwards per block, not a full model forward.
+
+Quantized models can be saved (:func:`save_quantized`: safetensors of the block weights
+plus JSON provenance) and loaded onto a fresh copy of the reference without redoing the
+work (:func:`load_quantized`). :func:`quantize_cached` does both through a disk cache
+keyed by (reference hash, canonical spec, calibration hash).
+
+Example:
+    >>> import interp
+    >>> from interp.quant import quantize
+    >>> model = interp.tiny_model("llama")
+    >>> qmodel = quantize(model, "rtn:bits=4,group=32", progress=False)
+    >>> qmodel.quant_info.spec
+    'rtn:bits=4,group=32,zero=float'
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from interp import hooks
+from interp.data import Examples
+from interp.errors import ComponentError, InterpError, SpecError
+from interp.io import ensure_writable_dir, write_json
+from interp.probes import batches, show_progress
+from interp.quant.methods import quantize_weight, relative_error
+from interp.quant.spec import MethodSpec, parse_spec
+
+ROLES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+# Linear layers that read the same input, in the order the forward pass reaches them.
+SHARED_INPUT_GROUPS: tuple[tuple[str, ...], ...] = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
+WEIGHTS_FILE = "quantized.safetensors"
+INFO_FILE = "quant.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class QuantInfo:
+    """How a quantized model was made (attached to it as ``model.quant_info``).
+
+    Attributes:
+        spec: canonical method spec.
+        reference_hash: :func:`model_hash` of the reference model.
+        reference_name: the reference model's name.
+        calibration: ``None`` for calibration-free methods, else the calibration set's
+            hash, size, length and settings.
+        layer_seconds: wall time per block (calibration forwards included).
+        role_seconds: total ``quantize_weight`` time per linear role.
+        calibration_seconds: time spent collecting calibration inputs.
+        relative_errors: ``"layer.role"`` -> ``||W - W_hat||_F / ||W||_F``.
+    """
+
+    spec: str
+    reference_hash: str
+    reference_name: str
+    calibration: dict[str, Any] | None
+    layer_seconds: list[float] = field(default_factory=list)
+    role_seconds: dict[str, float] = field(default_factory=dict)
+    calibration_seconds: float = 0.0
+    relative_errors: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def seconds_per_layer(self) -> float:
+        return sum(self.layer_seconds) / max(1, len(self.layer_seconds))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------
+# Identities (cache keys)
+
+
+def model_hash(model: Any) -> str:
+    """A short identity for a model's weights.
+
+    The SHA-256 of the source file when the model came from one (``model.info.source_hash``),
+    else a digest of every parameter (tiny test models, HF folders).
+    """
+    info = getattr(model, "info", None)
+    source = getattr(info, "source_hash", "") if info is not None else ""
+    if source:
+        return str(source)[:16]
+    from interp.models import canonical_state_dict
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(canonical_state_dict(model).items()):
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    return "w" + digest.hexdigest()[:15]
+
+
+def examples_hash(examples: Examples | None) -> str:
+    """A short identity for a set of token rows (``"none"`` for ``None``)."""
+    if examples is None:
+        return "none"
+    digest = hashlib.sha256(str(tuple(examples.tokens.shape)).encode())
+    digest.update(examples.tokens.to(torch.int64).cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _calibration_record(calibration: Examples | None) -> dict[str, Any] | None:
+    if calibration is None:
+        return None
+    return {
+        "hash": examples_hash(calibration),
+        "n": len(calibration),
+        "seq_len": calibration.seq_len,
+        "settings": {k: v for k, v in calibration.settings.items() if isinstance(v, (str, int, float))},
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Calibration activations, one block at a time
+
+
+class _Stop(Exception):
+    """Raised from a hook once the activation it wants is captured: the rest is skipped."""
+
+
+class _LayerFeeder:
+    """Calibration activations entering one block at a time (sequential quantization).
+
+    Holds, per calibration batch, the hidden states entering the current block and the
+    keyword arguments the model passes to every block (causal mask, rotary embeddings),
+    captured once from the first block.
+    """
+
+    def __init__(self, model: Any, tokens: torch.Tensor, batch_size: int) -> None:
+        self.model = model
+        self.block_list = hooks.blocks(model)
+        self.states: list[tuple[torch.Tensor, dict[str, Any]]] = []
+        device = next(model.original_model.parameters()).device
+        captured: dict[str, Any] = {}
+
+        def catch(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+            rest.update(past_key_values=None, use_cache=False)
+            captured["state"] = (hidden.detach(), rest)
+            raise _Stop
+
+        handle = self.block_list[0].register_forward_pre_hook(catch, with_kwargs=True)
+        try:
+            with torch.no_grad():
+                for start, end in batches(len(tokens), batch_size):
+                    try:
+                        model.original_model(input_ids=tokens[start:end].to(device), use_cache=False)
+                    except _Stop:
+                        pass
+                    self.states.append(captured.pop("state"))
+        finally:
+            handle.remove()
+
+    def inputs(self, layer: int, role: str) -> torch.Tensor:
+        """``[n_tokens, d_in]``: the input of linear ``role`` of block ``layer`` on all calibration tokens."""
+        name = hooks.linear_input_hook(self.model, layer, role)
+        chunks: list[torch.Tensor] = []
+
+        def grab(x: torch.Tensor, hook: Any) -> None:
+            chunks.append(x.detach().reshape(x.shape[0] * x.shape[1], -1).float().cpu())
+            raise _Stop
+
+        with torch.no_grad(), self.model.hooks(fwd_hooks=[(name, grab)]):
+            for hidden, kwargs in self.states:
+                try:
+                    self.block_list[layer](hidden, **kwargs)
+                except _Stop:
+                    pass
+        return torch.cat(chunks)
+
+    def advance(self, layer: int) -> None:
+        """Run block ``layer`` (now quantized) so the states enter block ``layer + 1``."""
+        with torch.no_grad():
+            for i, (hidden, kwargs) in enumerate(self.states):
+                out = self.block_list[layer](hidden, **kwargs)
+                self.states[i] = (out[0] if isinstance(out, tuple) else out, kwargs)
+
+
+# ---------------------------------------------------------------------------------------
+# Quantizing
+
+
+def _check_quantizable(model: Any) -> None:
+    try:
+        found = hooks.linear_modules(model, 0)
+    except (AttributeError, TypeError, IndexError):
+        found = {}
+    missing = [r for r in ROLES if r not in found]
+    if missing:
+        arch = getattr(getattr(model, "info", None), "architecture", type(model).__name__)
+        raise ComponentError(
+            f"quantize needs blocks with q/k/v/o/gate/up/down linear layers (llama- or gemma-style); "
+            f"{arch} lacks {', '.join(missing)}."
+        )
+
+
+def quantize(
+    model: Any,
+    spec: str | MethodSpec,
+    calibration: Examples | None = None,
+    progress: bool | None = None,
+    batch_size: int = 8,
+) -> Any:
+    """A quantized copy of ``model``: every block linear weight fake-quantized with ``spec``.
+
+    Args:
+        model: the reference bridge (never modified).
+        spec: a method spec such as ``"gptq:bits=3,group=64"``.
+        calibration: Examples from the calibration split; required by gptq and awq,
+            ignored (and not recorded) by the other methods.
+        progress: a per-layer progress bar (default: when stderr is a terminal).
+        batch_size: calibration examples per block forward.
+
+    Returns:
+        A new bridge with the quantized weights; ``.quant_info`` is a :class:`QuantInfo`
+        and ``.info`` is the reference's, renamed, with a source hash of its own.
+
+    Raises:
+        SpecError: a bad spec, a group size not dividing a layer's input, or a calibrated
+            method without calibration examples.
+        ComponentError: a model whose blocks are not llama-style.
+    """
+    spec = parse_spec(spec)
+    _check_quantizable(model)
+    if spec.needs_calibration and (calibration is None or len(calibration) == 0):
+        raise SpecError(
+            f"{spec.method} needs calibration text: pass calibration=interp.load_examples(..., "
+            "split='calibration'), kept apart from the evaluation examples."
+        )
+    if not spec.needs_calibration:
+        calibration = None
+    reference_hash = model_hash(model)
+    qmodel = copy.deepcopy(model)
+    qmodel.eval()
+    n = hooks.n_layers(qmodel)
+    info = QuantInfo(
+        spec=str(spec),
+        reference_hash=reference_hash,
+        reference_name=getattr(getattr(model, "info", None), "name", "model"),
+        calibration=_calibration_record(calibration),
+    )
+    bar = tqdm(total=n, desc=f"quantize {spec.method}{spec.bits}", unit="layer", disable=not show_progress(progress))
+    start = time.perf_counter()
+    feeder = _LayerFeeder(qmodel, calibration.tokens, batch_size) if calibration is not None else None
+    calibration_seconds = time.perf_counter() - start
+    for layer in range(n):
+        layer_start = time.perf_counter()
+        calibration_seconds += _quantize_block(qmodel, layer, spec, feeder, info)
+        info.layer_seconds.append(time.perf_counter() - layer_start)
+        bar.update(1)
+    bar.close()
+    info = dataclasses.replace(info, calibration_seconds=calibration_seconds)
+    _label(qmodel, model, info)
+    return qmodel
+
+
+def _quantize_block(qmodel: Any, layer: int, spec: MethodSpec, feeder: _LayerFeeder | None, info: QuantInfo) -> float:
+    """Quantize block ``layer`` in place, sub-layer group by group; returns calibration seconds."""
+    modules = hooks.linear_modules(qmodel, layer)
+    calibration_seconds = 0.0
+    for group in SHARED_INPUT_GROUPS:
+        roles = [r for r in group if r in modules]
+        inputs = None
+        if feeder is not None:
+            tick = time.perf_counter()
+            inputs = feeder.inputs(layer, roles[0])
+            calibration_seconds += time.perf_counter() - tick
+        for role in roles:
+            weight = _weight(modules[role])
+            tick = time.perf_counter()
+            quantized = quantize_weight(weight.detach(), spec, inputs)
+            info.role_seconds[role] = info.role_seconds.get(role, 0.0) + time.perf_counter() - tick
+            info.relative_errors[f"{layer}.{role}"] = relative_error(weight.detach(), quantized)
+            with torch.no_grad():
+                weight.copy_(quantized)
+        del inputs
+    if feeder is not None:
+        tick = time.perf_counter()
+        feeder.advance(layer)
+        calibration_seconds += time.perf_counter() - tick
+    return calibration_seconds
+
+
+def _weight(module: torch.nn.Module) -> torch.Tensor:
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
+
+
+def _label(qmodel: Any, reference: Any, info: QuantInfo) -> None:
+    """Attach ``quant_info`` and give the copy its own name and identity."""
+    calibration_hash = (info.calibration or {}).get("hash", "none")
+    identity = hashlib.sha256(f"{info.reference_hash}|{info.spec}|{calibration_hash}".encode()).hexdigest()
+    ref_info = getattr(reference, "info", None)
+    if ref_info is not None:
+        object.__setattr__(
+            qmodel, "info", dataclasses.replace(ref_info, name=f"{ref_info.name}+{info.spec}", source_hash=identity)
+        )
+    object.__setattr__(qmodel, "quant_info", info)
+
+
+# ---------------------------------------------------------------------------------------
+# Saving and loading
+
+
+def save_quantized(model: Any, path: str | os.PathLike[str]) -> Path:
+    """Write a quantized model's block weights (safetensors) and its :class:`QuantInfo` (JSON).
+
+    Only the quantized weights are written (the rest equals the reference). The JSON is
+    written last and records the weights file's size, so a half-written folder is never
+    taken for a complete one.
+    """
+    info: QuantInfo | None = getattr(model, "quant_info", None)
+    if info is None:
+        raise InterpError("save_quantized needs a model returned by interp.quant.quantize (it has no quant_info).")
+    out = ensure_writable_dir(Path(path))
+    tensors = {
+        f"{layer}.{role}": _weight(module).detach().cpu().contiguous()
+        for layer in range(hooks.n_layers(model))
+        for role, module in hooks.linear_modules(model, layer).items()
+    }
+    tmp = out / (WEIGHTS_FILE + ".partial")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, out / WEIGHTS_FILE)
+    record = {"format": FORMAT_VERSION, "weights_bytes": (out / WEIGHTS_FILE).stat().st_size, **info.to_dict()}
+    write_json(out / INFO_FILE, record)
+    return out
+
+
+def read_quant_info(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The JSON record of a saved quantized model, or ``None`` if the folder is absent or incomplete."""
+    folder = Path(path)
+    try:
+        record = json.loads((folder / INFO_FILE).read_text())
+        complete = (folder / WEIGHTS_FILE).stat().st_size == record.get("weights_bytes")
+    except (OSError, json.JSONDecodeError):
+        return None
+    return record if complete and record.get("format") == FORMAT_VERSION else None
+
+
+def load_quantized(reference: Any, path: str | os.PathLike[str]) -> Any:
+    """A copy of ``reference`` carrying the quantized weights saved in ``path``.
+
+    Raises:
+        InterpError: the folder is missing or incomplete, or it was made from another model.
+    """
+    record = read_quant_info(path)
+    if record is None:
+        raise InterpError(f"{path} holds no complete quantized model (expected {INFO_FILE} and {WEIGHTS_FILE}).")
+    expected = model_hash(reference)
+    if record["reference_hash"] != expected:
+        raise InterpError(
+            f"The quantized weights in {path} were made from model {record['reference_hash']}, "
+            f"not from this reference ({expected}). Quantize this model again."
+        )
+    tensors = load_file(str(Path(path) / WEIGHTS_FILE))
+    qmodel = copy.deepcopy(reference)
+    qmodel.eval()
+    with torch.no_grad():
+        for layer in range(hooks.n_layers(qmodel)):
+            for role, module in hooks.linear_modules(qmodel, layer).items():
+                _weight(module).copy_(tensors[f"{layer}.{role}"])
+    fields = {f.name for f in dataclasses.fields(QuantInfo)}
+    _label(qmodel, reference, QuantInfo(**{k: v for k, v in record.items() if k in fields}))
+    return qmodel
+
+
+def cache_key(reference: Any, spec: str | MethodSpec, calibration: Examples | None) -> str:
+    """The disk-cache key of a quantized model: (reference hash, canonical spec, calibration hash)."""
+    spec = parse_spec(spec)
+    calibration_hash = examples_hash(calibration) if spec.needs_calibration else "none"
+    key = hashlib.sha256(f"{model_hash(reference)}|{spec}|{calibration_hash}".encode()).hexdigest()[:16]
+    return f"{spec.method}{spec.bits}-g{spec.group}-{key}"
+
+
+def quantize_cached(
+    reference: Any,
+    spec: str | MethodSpec,
+    calibration: Examples | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool | None = None,
+    batch_size: int = 8,
+) -> Any:
+    """:func:`quantize`, through a disk cache: load the saved result if present, else quantize and save.
+
+    Args:
+        cache_dir: where quantized models are kept (default ``$INTERP_CACHE/quantized``).
+        Other arguments as in :func:`quantize`.
+    """
+    from interp.models import cache_dir as default_cache
+
+    root = ensure_writable_dir(Path(cache_dir) if cache_dir is not None else default_cache() / "quantized")
+    folder = root / cache_key(reference, spec, calibration)
+    # One process quantizes; another asking for the same model waits, then loads its result.
+    with open(root / f"{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if read_quant_info(folder) is not None:
+            return load_quantized(reference, folder)
+        qmodel = quantize(reference, spec, calibration=calibration, progress=progress, batch_size=batch_size)
+        save_quantized(qmodel, folder)
+    return qmodel

@@ -1,0 +1,334 @@
+"""Per-example quantization error, scored into a store that survives being killed.
+
+``error(x) = NLL(x; quantized) - NLL(x; reference)``, where ``NLL`` is the mean next-token
+negative log-likelihood of example ``x`` (see :mod:`interp.scoring`). :func:`score`
+computes it for many method specs over one set of examples and keeps every per-example
+NLL in a :class:`ScoreStore`:
+
+- **Storage.** One SQLite file in WAL mode. Table ``scores`` is keyed by
+  ``(model, spec, example)`` (``model`` is the reference's :func:`~interp.quant.apply.model_hash`;
+  the reference itself is the spec ``"reference"``) and holds ``nll`` and, when asked, ``kl``.
+- **Atomic batches.** Each batch of examples is written in one transaction, together with
+  a row in the ``batches`` log. A killed run loses at most the batch in flight.
+- **Resuming.** A rerun skips every batch whose examples are all stored. Batches are
+  fixed slices of the example list, so a resumed run forms the same batches as an
+  uninterrupted one and gives bit-identical results. The primary key makes a duplicate
+  row impossible; the log shows that no finished batch was computed twice.
+- **Cost.** The reference is scored once and reused for every spec. Quantized models come
+  from :func:`~interp.quant.apply.quantize_cached`, so a resumed run does not quantize again.
+  ``kl=True`` adds ``KL(p_ref || p_quant)`` (mean over predicting positions); it needs the
+  reference *logits* of each batch, which are too large to keep (N x T x vocab floats), so
+  the reference forward is recomputed for every batch of every spec: KL roughly doubles the
+  cost of scoring.
+
+Example:
+    >>> import interp, torch, tempfile
+    >>> from interp.quant import score
+    >>> model = interp.tiny_model("llama")
+    >>> ex = interp.Examples.from_tokens(torch.randint(0, 256, (4, 16)))
+    >>> errors = score(model, ["rtn:bits=4,group=32"], ex, store=tempfile.mkdtemp(), progress=False)
+    >>> list(errors.columns), errors.shape
+    (['rtn:bits=4,group=32,zero=float'], (4, 1))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from interp.data import Examples
+from interp.errors import InterpError, NonFiniteError, SpecError
+from interp.probes import batches, check_context, show_progress
+from interp.quant.apply import model_hash, quantize_cached
+from interp.quant.spec import MethodSpec, parse_spec
+from interp.scoring import model_logits, token_kl, token_nll
+
+REFERENCE = "reference"
+STORE_FILE = "scores.sqlite"
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS scores (
+    model TEXT NOT NULL, spec TEXT NOT NULL, example TEXT NOT NULL,
+    nll REAL NOT NULL, kl REAL,
+    PRIMARY KEY (model, spec, example)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS batches (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    model TEXT NOT NULL, spec TEXT NOT NULL, first_example TEXT NOT NULL,
+    n INTEGER NOT NULL, seconds REAL NOT NULL, pid INTEGER NOT NULL, finished REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class ScoreStore:
+    """A SQLite store of per-example NLL (and KL) by (model, spec, example).
+
+    Args:
+        path: a folder (the file is ``scores.sqlite`` inside it) or a ``.sqlite``/``.db`` file.
+
+    Several processes may read while one writes (WAL mode); writers wait for each other.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        path = Path(path)
+        if path.suffix in (".sqlite", ".db"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.path = path
+        else:
+            from interp.io import ensure_writable_dir
+
+            self.path = ensure_writable_dir(path) / STORE_FILE
+        self.folder = self.path.parent
+        try:
+            self._db = sqlite3.connect(self.path, timeout=120, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise InterpError(f"{self.path} is not a usable score store ({exc}). Use another --out.") from None
+
+    # -- context management ---------------------------------------------------------
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "ScoreStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- metadata -------------------------------------------------------------------
+    def get_meta(self, key: str) -> Any:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    def check_examples(self, model: str, examples: Examples) -> None:
+        """Record (or check) which token rows this store's example ids stand for, per model.
+
+        Example ids name documents; the same id at another ``seq_len`` is another row, so
+        mixing them in one store would silently mix results.
+        """
+        signature = {"seq_len": examples.seq_len, "source": str(examples.settings.get("source", ""))}
+        key = f"examples:{model}"
+        stored = self.get_meta(key)
+        if stored is None:
+            self.set_meta(key, signature)
+        elif stored != signature:
+            raise InterpError(
+                f"The store {self.path} holds scores for examples {stored}, not {signature}. "
+                "Use another output folder for a different data source or sequence length."
+            )
+
+    # -- reading --------------------------------------------------------------------
+    def done(self, model: str, spec: str, need_kl: bool = False) -> set[str]:
+        """Example ids already scored for (model, spec) (with a KL value, if ``need_kl``)."""
+        query = "SELECT example FROM scores WHERE model = ? AND spec = ?"
+        if need_kl:
+            query += " AND kl IS NOT NULL"
+        return {row[0] for row in self._db.execute(query, (model, spec))}
+
+    def models(self) -> list[str]:
+        return [row[0] for row in self._db.execute("SELECT DISTINCT model FROM scores ORDER BY model")]
+
+    def specs(self, model: str | None = None) -> list[str]:
+        model = self._model(model)
+        rows = self._db.execute("SELECT DISTINCT spec FROM scores WHERE model = ? ORDER BY spec", (model,))
+        return [row[0] for row in rows]
+
+    def _model(self, model: str | None) -> str:
+        if model is not None:
+            return model
+        models = self.models()
+        if len(models) != 1:
+            raise InterpError(f"The store {self.path} holds {len(models)} models ({models}); say which one.")
+        return models[0]
+
+    def _frame(self, column: str, model: str | None, specs: Sequence[str] | None,
+               ids: Sequence[str] | None) -> pd.DataFrame:
+        model = self._model(model)
+        rows = self._db.execute(f"SELECT example, spec, {column} FROM scores WHERE model = ?", (model,)).fetchall()
+        long = pd.DataFrame(rows, columns=["example", "spec", column])
+        wide = long.pivot(index="example", columns="spec", values=column)
+        wide.columns.name = None
+        if specs is not None:
+            wide = wide.reindex(columns=list(specs))
+        if ids is not None:
+            wide = wide.reindex(index=list(ids))
+        wide.index.name = "example"
+        return wide.astype("float64")
+
+    def nll_frame(self, model: str | None = None, specs: Sequence[str] | None = None,
+                  ids: Sequence[str] | None = None) -> pd.DataFrame:
+        """Per-example NLL: index example id, one column per spec (``"reference"`` included)."""
+        return self._frame("nll", model, specs, ids)
+
+    def kl_frame(self, model: str | None = None, specs: Sequence[str] | None = None,
+                 ids: Sequence[str] | None = None) -> pd.DataFrame:
+        """Per-example KL(p_ref || p_quant); NaN where it was not computed."""
+        return self._frame("kl", model, specs, ids)
+
+    def errors_frame(self, model: str | None = None, specs: Sequence[str] | None = None,
+                     ids: Sequence[str] | None = None, complete: bool = True) -> pd.DataFrame:
+        """``NLL(quantized) - NLL(reference)`` per example and spec.
+
+        Args:
+            complete: keep only examples scored by the reference and every listed spec.
+        """
+        nll = self.nll_frame(model, None, ids)
+        if REFERENCE not in nll.columns:
+            raise InterpError(f"The store {self.path} has no reference scores yet; run score first.")
+        chosen = list(specs) if specs is not None else [c for c in nll.columns if c != REFERENCE]
+        errors = nll.reindex(columns=chosen).sub(nll[REFERENCE], axis=0)
+        return errors.dropna(how="any") if complete else errors
+
+    def batch_log(self) -> pd.DataFrame:
+        """One row per computed batch: model, spec, first example, n, seconds, pid, finished."""
+        rows = self._db.execute("SELECT id, model, spec, first_example, n, seconds, pid, finished FROM batches")
+        return pd.DataFrame(rows.fetchall(),
+                            columns=["id", "model", "spec", "first_example", "n", "seconds", "pid", "finished"])
+
+    # -- writing --------------------------------------------------------------------
+    def write_batch(self, model: str, spec: str, ids: Sequence[str], nll: Sequence[float],
+                    kl: Sequence[float] | None = None, seconds: float = 0.0) -> None:
+        """Store one batch atomically: its scores and its log row, or nothing."""
+        kl_values: Sequence[float | None] = kl if kl is not None else [None] * len(ids)
+        rows = [(model, spec, str(i), float(v), None if k is None else float(k))
+                for i, v, k in zip(ids, nll, kl_values, strict=True)]
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(
+                "INSERT INTO scores (model, spec, example, nll, kl) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (model, spec, example) DO UPDATE SET kl = excluded.kl "
+                "WHERE scores.kl IS NULL AND excluded.kl IS NOT NULL",
+                rows,
+            )
+            self._db.execute(
+                "INSERT INTO batches (model, spec, first_example, n, seconds, pid, finished) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (model, spec, str(ids[0]), len(ids), float(seconds), os.getpid(), time.time()),
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+
+
+# ---------------------------------------------------------------------------------------
+# Scoring
+
+
+def _unique_specs(specs: Sequence[str | MethodSpec]) -> list[MethodSpec]:
+    parsed = [parse_spec(s) for s in specs]
+    if not parsed:
+        raise SpecError("score needs at least one method spec, e.g. ['rtn:bits=3,group=64'].")
+    return list(dict.fromkeys(parsed))
+
+
+def _pending(store: ScoreStore, model: str, spec: str, ids: Sequence[str],
+             chunks: Sequence[tuple[int, int]], need_kl: bool) -> list[tuple[int, int]]:
+    done = store.done(model, spec, need_kl)
+    return [(s, e) for s, e in chunks if not all(i in done for i in ids[s:e])]
+
+
+def _score_batch(model: Any, reference: Any | None, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Mean NLL per row and, when ``reference`` is given, mean KL(p_ref || p_model) per row."""
+    logits = model_logits(model, tokens)
+    targets = tokens.to(logits.device)
+    nll = token_nll(logits, targets).double().mean(dim=1).cpu()
+    kl = None
+    if reference is not None:
+        kl = token_kl(model_logits(reference, tokens), logits).double().mean(dim=1).cpu()
+    return nll, kl
+
+
+def _run_pass(store: ScoreStore, key: str, spec: str, model: Any, reference: Any | None,
+              examples: Examples, todo: Sequence[tuple[int, int]], bar: Any) -> None:
+    for start, end in todo:
+        tick = time.perf_counter()
+        with torch.no_grad():
+            nll, kl = _score_batch(model, reference, examples.tokens[start:end])
+        if not torch.isfinite(nll).all() or (kl is not None and not torch.isfinite(kl).all()):
+            raise NonFiniteError(f"{spec} gave NaN/inf NLL or KL on examples {examples.ids[start:end][:3]}: "
+                                 "check the quantized weights.")
+        if reference is None and spec == REFERENCE:
+            kl = torch.zeros_like(nll)
+        store.write_batch(key, spec, examples.ids[start:end], nll.tolist(),
+                          None if kl is None else kl.tolist(), time.perf_counter() - tick)
+        bar.update(1)
+
+
+def score(
+    reference: Any,
+    specs: Sequence[str | MethodSpec],
+    examples: Examples,
+    store: str | os.PathLike[str] | ScoreStore,
+    calibration: Examples | None = None,
+    batch_size: int = 8,
+    kl: bool = False,
+    progress: bool | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> pd.DataFrame:
+    """Per-example quantization error for each spec, resumable.
+
+    Args:
+        reference: the full-precision bridge.
+        specs: method specs, e.g. ``["rtn:bits=3", "gptq:bits=3,group=64"]``.
+        examples: evaluation examples (their ids must be unique).
+        store: a folder or ``.sqlite`` file for the :class:`ScoreStore`, or an open store.
+        calibration: calibration-split examples, needed when a spec is gptq or awq.
+        batch_size: examples per forward. Keep it fixed across resumed runs: batches are
+            fixed slices of ``examples``.
+        kl: also store ``KL(p_ref || p_quant)`` (recomputes reference logits per batch).
+        progress: a progress bar over batches.
+        cache_dir: where quantized models are cached (default: ``quantized/`` beside the store).
+
+    Returns:
+        DataFrame, index ``example`` (ids in the order of ``examples``), one float64 column
+        per canonical spec: ``NLL(quantized) - NLL(reference)``.
+    """
+    parsed = _unique_specs(specs)
+    if calibration is None and any(s.needs_calibration for s in parsed):
+        needing = [str(s) for s in parsed if s.needs_calibration]
+        raise SpecError(f"{', '.join(needing)} need calibration examples: pass calibration="
+                        "interp.load_examples(..., split='calibration').")
+    if len(set(examples.ids)) != len(examples.ids):
+        raise InterpError("score needs unique example ids; these examples repeat some.")
+    check_context(reference, examples.tokens)
+    own_store = not isinstance(store, ScoreStore)
+    st = store if isinstance(store, ScoreStore) else ScoreStore(store)
+    try:
+        key = model_hash(reference)
+        st.check_examples(key, examples)
+        chunks = list(batches(len(examples), batch_size))
+        names = [str(s) for s in parsed]
+        plan = {REFERENCE: _pending(st, key, REFERENCE, examples.ids, chunks, False)}
+        plan.update({name: _pending(st, key, name, examples.ids, chunks, kl) for name in names})
+        cache = Path(cache_dir) if cache_dir is not None else st.folder / "quantized"
+        bar = tqdm(total=sum(len(v) for v in plan.values()), desc="score", unit="batch",
+                   disable=not show_progress(progress))
+        _run_pass(st, key, REFERENCE, reference, None, examples, plan[REFERENCE], bar)
+        for spec in parsed:
+            if plan[str(spec)]:
+                bar.set_postfix_str(spec.method + str(spec.bits))
+                qmodel = quantize_cached(reference, spec, calibration if spec.needs_calibration else None,
+                                         cache_dir=cache, progress=progress)
+                _run_pass(st, key, str(spec), qmodel, reference if kl else None, examples, plan[str(spec)], bar)
+                del qmodel
+        bar.close()
+        return st.errors_frame(key, names, examples.ids, complete=False)
+    finally:
+        if own_store:
+            st.close()

@@ -1,0 +1,246 @@
+"""Small statistics used by the analyses: correlations with bootstrap intervals, set overlap, n-gram dedup.
+
+- :func:`pearson`, :func:`spearman`: the point estimate (scipy) and a percentile bootstrap
+  confidence interval over examples (resampled with replacement, seeded).
+- :func:`correlation_matrix`: the same for every pair of columns of a table, with each
+  bootstrap resample shared by all pairs (so the matrices of bounds are consistent).
+- :func:`jaccard`, :func:`top_fraction_ids`, :func:`expected_random_jaccard`: top-k overlap
+  and its chance level (exact, from the hypergeometric law of the intersection size).
+- :func:`ngram_jaccard`, :func:`dedup`: near-duplicate removal on token ids.
+
+Example:
+    >>> import numpy as np
+    >>> x = np.arange(20.0)
+    >>> round(pearson(x, 2 * x + 1, n_boot=50).r, 6)
+    1.0
+    >>> round(expected_random_jaccard(1000, 100), 4)
+    0.0531
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+Method = Literal["pearson", "spearman"]
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """A correlation coefficient with its bootstrap confidence interval.
+
+    Attributes:
+        r: the coefficient on all examples.
+        low, high: percentile bootstrap bounds at ``level`` (NaN without resamples).
+        p: two-sided p-value from scipy.
+        n: number of examples.
+        method: ``"pearson"`` or ``"spearman"``.
+        level: confidence level of ``[low, high]``.
+        n_boot, seed: bootstrap settings.
+    """
+
+    r: float
+    low: float
+    high: float
+    p: float
+    n: int
+    method: str
+    level: float = 0.95
+    n_boot: int = 1000
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+
+
+def _as_array(x: Any) -> np.ndarray:
+    return np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x, dtype=np.float64).reshape(-1)
+
+
+def bootstrap_indices(n: int, n_boot: int, seed: int = 0) -> np.ndarray:
+    """``[n_boot, n]`` example indices drawn with replacement, from ``numpy.random.default_rng(seed)``."""
+    return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+
+
+def _rowwise_pearson(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pearson r of each row pair of ``a`` and ``b`` (``[B, n]``); NaN for a constant row."""
+    a = a - a.mean(axis=1, keepdims=True)
+    b = b - b.mean(axis=1, keepdims=True)
+    denominator = np.sqrt((a * a).sum(axis=1) * (b * b).sum(axis=1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denominator > 0, (a * b).sum(axis=1) / np.where(denominator > 0, denominator, 1), np.nan)
+
+
+def _interval(samples: np.ndarray, level: float) -> tuple[float, float]:
+    samples = samples[np.isfinite(samples)]
+    if samples.size == 0:
+        return math.nan, math.nan
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(samples, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def correlation(x: Any, y: Any, method: Method = "pearson", n_boot: int = 1000, seed: int = 0,
+                level: float = 0.95) -> Correlation:
+    """Pearson or Spearman correlation of two per-example vectors, with a bootstrap CI.
+
+    Pairs with a NaN in either vector are dropped. With fewer than 3 pairs, or a constant
+    vector, ``r`` is NaN.
+    """
+    a, b = _as_array(x), _as_array(y)
+    if a.shape != b.shape:
+        raise ValueError(f"correlation needs vectors of equal length; got {a.shape[0]} and {b.shape[0]}.")
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    n = int(a.size)
+    if n < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return Correlation(math.nan, math.nan, math.nan, math.nan, n, method, level, n_boot, seed)
+    test = sps.pearsonr(a, b) if method == "pearson" else sps.spearmanr(a, b)
+    low = high = math.nan
+    if n_boot > 0:
+        idx = bootstrap_indices(n, n_boot, seed)
+        ra, rb = a[idx], b[idx]
+        if method == "spearman":
+            ra, rb = sps.rankdata(ra, axis=1), sps.rankdata(rb, axis=1)
+        low, high = _interval(_rowwise_pearson(ra, rb), level)
+    return Correlation(float(test.statistic), low, high, float(test.pvalue), n, method, level, n_boot, seed)
+
+
+def pearson(x: Any, y: Any, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> Correlation:
+    """Pearson correlation with a percentile bootstrap CI (see :func:`correlation`)."""
+    return correlation(x, y, "pearson", n_boot, seed, level)
+
+
+def spearman(x: Any, y: Any, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> Correlation:
+    """Spearman rank correlation with a percentile bootstrap CI (see :func:`correlation`)."""
+    return correlation(x, y, "spearman", n_boot, seed, level)
+
+
+@dataclass(frozen=True)
+class CorrelationMatrix:
+    """Correlations between every pair of columns, with bootstrap bounds.
+
+    Attributes:
+        r, low, high: ``[k, k]`` DataFrames labelled by the columns.
+        boot: ``[n_boot, k, k]`` bootstrap matrices (for intervals of derived numbers).
+    """
+
+    r: pd.DataFrame
+    low: pd.DataFrame
+    high: pd.DataFrame
+    boot: np.ndarray
+    method: str
+    level: float
+
+
+def correlation_matrix(frame: pd.DataFrame, method: Method = "pearson", n_boot: int = 1000, seed: int = 0,
+                       level: float = 0.95) -> CorrelationMatrix:
+    """Pairwise correlation of the columns of ``frame`` (rows with any NaN dropped)."""
+    data = frame.dropna().to_numpy(dtype=np.float64)
+    labels = list(frame.columns)
+
+    def corr(x: np.ndarray) -> np.ndarray:
+        if method == "spearman":
+            x = sps.rankdata(x, axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.corrcoef(x, rowvar=False).reshape(len(labels), len(labels))
+
+    point = corr(data)
+    idx = bootstrap_indices(data.shape[0], n_boot, seed)
+    boot = np.stack([corr(data[i]) for i in idx]) if n_boot > 0 else np.empty((0, len(labels), len(labels)))
+    tail = (1 - level) / 2 * 100
+    with np.errstate(invalid="ignore"):
+        bounds = np.nanpercentile(boot, [tail, 100 - tail], axis=0) if n_boot > 0 else np.full((2, *point.shape),
+                                                                                                 np.nan)
+
+    def table(values: np.ndarray) -> pd.DataFrame:
+        return pd.DataFrame(values, index=labels, columns=labels)
+
+    return CorrelationMatrix(table(point), table(bounds[0]), table(bounds[1]), boot, method, level)
+
+
+def off_diagonal_mean(matrix: np.ndarray) -> float | np.ndarray:
+    """Mean of the strictly upper triangle of ``[..., k, k]`` (each unordered pair once)."""
+    k = matrix.shape[-1]
+    rows, cols = np.triu_indices(k, 1)
+    return np.nanmean(matrix[..., rows, cols], axis=-1) if rows.size else math.nan
+
+
+# ---------------------------------------------------------------------------------------
+# Sets
+
+
+def jaccard(a: Iterable[Hashable], b: Iterable[Hashable]) -> float:
+    """``|A & B| / |A | B|``; 0.0 when both sets are empty."""
+    sa, sb = set(a), set(b)
+    union = len(sa | sb)
+    return len(sa & sb) / union if union else 0.0
+
+
+def top_count(n: int, fraction: float) -> int:
+    """How many of ``n`` items the top ``fraction`` holds: ``round(fraction * n)``, at least 1."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1]; got {fraction}.")
+    return max(1, int(math.floor(fraction * n + 0.5)))
+
+
+def top_fraction_ids(values: pd.Series, fraction: float = 0.10) -> list[Any]:
+    """Index labels of the largest ``fraction`` of ``values`` (NaN dropped), largest first.
+
+    Ties keep the order of ``values`` (stable sort).
+    """
+    clean = values.dropna()
+    k = top_count(len(clean), fraction)
+    order = np.argsort(-clean.to_numpy(dtype=np.float64), kind="stable")[:k]
+    return [clean.index[i] for i in order]
+
+
+def expected_random_jaccard(n: int, k: int) -> float:
+    """Expected Jaccard of two independent uniformly random ``k``-subsets of ``n`` items, exactly.
+
+    The intersection size ``I`` is hypergeometric (population n, k marked, k drawn), and
+    ``J = I / (2k - I)``, so ``E[J] = sum_i P(I = i) i / (2k - i)``. For k = n/10 and
+    large n this tends to ``0.1 / 1.9 = 0.0526``.
+    """
+    if not 0 < k <= n:
+        raise ValueError(f"need 0 < k <= n; got k={k}, n={n}.")
+    support = np.arange(max(0, 2 * k - n), k + 1)
+    pmf = sps.hypergeom(n, k, k).pmf(support)
+    return float(np.sum(pmf * support / (2 * k - support)))
+
+
+# ---------------------------------------------------------------------------------------
+# n-gram near-duplicates
+
+
+def ngrams(tokens: Sequence[int], n: int = 5) -> set[tuple[int, ...]]:
+    """The set of contiguous ``n``-grams of a token sequence (empty if shorter than n)."""
+    seq = [int(t) for t in tokens]
+    return {tuple(seq[i : i + n]) for i in range(len(seq) - n + 1)}
+
+
+def ngram_jaccard(a: Sequence[int], b: Sequence[int], n: int = 5) -> float:
+    """Jaccard similarity of the ``n``-gram sets of two token sequences."""
+    return jaccard(ngrams(a, n), ngrams(b, n))
+
+
+def dedup(rows: Sequence[Sequence[int]], threshold: float = 0.1, n: int = 5) -> list[int]:
+    """Greedy near-duplicate removal: indices of the rows kept, in order.
+
+    Rows are visited in the given order (put the most important first); a row is dropped
+    when its ``n``-gram Jaccard similarity to a row already kept exceeds ``threshold``.
+    """
+    kept: list[int] = []
+    kept_grams: list[set[tuple[int, ...]]] = []
+    for i, row in enumerate(rows):
+        grams = ngrams(row, n)
+        if all(jaccard(grams, other) <= threshold for other in kept_grams):
+            kept.append(i)
+            kept_grams.append(grams)
+    return kept

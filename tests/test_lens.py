@@ -1,0 +1,180 @@
+"""interp.lens: early exit (logit lens) and layer restoration. Unit tier on tiny random
+models; integration tier on SmolLM2 (and Gemma-3 when installed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import interp
+from interp import hooks as hk
+from interp import lens
+from interp.errors import ComponentError, InterpError
+from interp.scoring import token_nll
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny-model ops are dominated by thread hand-offs on a loaded 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from interp.quant.apply import quantize
+
+    reference = interp.tiny_model("llama", seed=0, n_layers=4)
+    return reference, quantize(reference, "rtn:bits=3,group=64", progress=False)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return interp.Examples.from_tokens(torch.randint(0, 256, (5, 12), generator=torch.Generator().manual_seed(0)))
+
+
+# ---------------------------------------------------------------------------------------
+# Early exit
+
+
+def test_last_layer_exit_is_the_models_nll(pair, rows):
+    reference, _ = pair
+    res = lens.early_exit(reference, rows, at="resid_post", batch_size=2)
+    assert tuple(res.nll.shape) == (4, 5) and res.layers == [0, 1, 2, 3]
+    assert (res.nll[-1] - interp.nll(reference, rows)).abs().max() < 1e-4
+
+
+def test_resid_mid_exit_decodes_with_final_norm_and_unembed(pair, rows):
+    reference, _ = pair
+    res = lens.early_exit(reference, rows, at="resid_mid", layers=[1, 3])
+    seen = {}
+    name = hk.hook_point(reference, "resid_mid", 3)
+    with torch.no_grad(), reference.hooks(fwd_hooks=[(name, lambda x, hook: seen.setdefault("r", x))]):
+        reference.original_model(input_ids=rows.tokens)
+        logits = hk.final_norm(reference)(seen["r"]) @ hk.unembed_weight(reference).T
+    expected = token_nll(logits, rows.tokens).mean(dim=1)
+    assert res.layers == [1, 3]
+    assert torch.allclose(res.nll[1], expected, atol=1e-5)
+
+
+def test_readout_chunks_do_not_change_values(pair, rows):
+    reference, _ = pair
+    small = lens.early_exit(reference, rows, max_logits=300)  # one row of logits at a time
+    large = lens.early_exit(reference, rows)
+    assert torch.allclose(small.nll, large.nll, atol=1e-6)
+
+
+def test_readout_applies_final_logit_softcapping(pair):
+    reference, _ = pair
+    readout = lens.Readout(reference)
+    resid = torch.randn(3, hk.unembed_weight(reference).shape[1]) * 50
+    with torch.no_grad():
+        plain = readout.logits(resid)
+        readout.softcap = 2.0
+        capped = readout.logits(resid)
+    assert torch.allclose(capped, torch.tanh(plain / 2.0) * 2.0)
+    assert capped.abs().max() <= 2.0
+
+
+def test_curves_table_figure_and_split(pair, rows):
+    reference, quantized = pair
+    sets = {"D_large": rows.subset([0, 1]), "D_ctrl": rows.subset([2, 3])}
+    curves = lens.early_exit_curves({"reference": reference, "quantized": quantized}, sets)
+    table = curves.table()
+    assert list(table.columns) == ["reference / D_large", "reference / D_ctrl", "quantized / D_large",
+                                   "quantized / D_ctrl", "gap / D_large", "gap / D_ctrl"]
+    assert 0 <= curves.split_layer("D_large") <= 3
+    figure = curves.figure()
+    assert len(figure.data) == 4 and figure.data[1].line.dash == "dash"
+    frame = curves.results["reference / D_large"].to_frame()
+    assert list(frame.columns) == ["layer", "example", "nll"] and len(frame) == 4 * 2
+
+
+def test_early_exit_errors(tiny_gpt2, rows, pair):
+    with pytest.raises(ComponentError, match="llama-style"):
+        lens.early_exit(tiny_gpt2, rows)
+    with pytest.raises(ComponentError, match="resid_mid"):
+        lens.early_exit(pair[0], rows, at="attn_out")
+
+
+def test_early_exit_leaves_no_hooks(pair, rows):
+    reference, _ = pair
+    lens.early_exit(reference, rows, layers=[0])
+    assert all(not hp._forward_hooks for hp in reference.hook_dict.values())
+
+
+# ---------------------------------------------------------------------------------------
+# Layer restoration
+
+
+def _weights(model, layer: int) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in hk.blocks(model)[layer].named_parameters()}
+
+
+def test_restore_layers_copies_and_never_mutates(pair):
+    reference, quantized = pair
+    before_q, before_r = _weights(quantized, 3), _weights(reference, 3)
+    restored = lens.restore_layers(quantized, reference, [3])
+    assert restored is not quantized and restored.restored_layers == [3]
+    for k, v in _weights(restored, 3).items():
+        assert torch.equal(v, before_r[k])
+    for k, v in _weights(restored, 2).items():
+        assert torch.equal(v, _weights(quantized, 2)[k])
+    for k, v in _weights(quantized, 3).items():
+        assert torch.equal(v, before_q[k])
+    assert any(not torch.equal(before_q[k], before_r[k]) for k in before_q)
+
+
+def test_restore_only_the_gate_weights(pair):
+    reference, quantized = pair
+    restored = lens.restore_layers(quantized, reference, [-1], roles=["gate"])
+    mods, ref_mods, q_mods = (hk.linear_modules(m, 3) for m in (restored, reference, quantized))
+    assert torch.equal(mods["gate"].weight, ref_mods["gate"].weight)
+    assert torch.equal(mods["up"].weight, q_mods["up"].weight)
+    with pytest.raises(ComponentError, match="roles"):
+        lens.restore_layers(quantized, reference, [0], roles=["gates"])
+
+
+def test_restoration_sweep_equals_restored_copies(pair, rows):
+    reference, quantized = pair
+    res = lens.restoration_sweep(quantized, reference, rows, ks=[0, 1, 3, 4], batch_size=2)
+    assert res.restored == [[], [3], [1, 2, 3], [0, 1, 2, 3]]
+    for i, layers in enumerate(res.restored):
+        expected = interp.nll(lens.restore_layers(quantized, reference, layers), rows).double()
+        assert torch.allclose(res.nll[i], expected, atol=1e-5)
+    assert torch.allclose(res.nll[0], interp.nll(quantized, rows).double(), atol=1e-5)
+    assert torch.allclose(res.nll[-1], res.reference_nll, atol=1e-5)
+    table = res.table()
+    assert table["recovery"].iloc[0] == pytest.approx(0.0) and table["recovery"].iloc[-1] == pytest.approx(1.0)
+    assert list(table["restored"]) == ["", "3", "1-3", "0-3"]
+    assert type(res.figure()).__name__ == "Figure"
+    with pytest.raises(InterpError, match="ks must lie"):
+        lens.restoration_sweep(quantized, reference, rows, ks=[9])
+
+
+# ---------------------------------------------------------------------------------------
+# Integration tier
+
+
+@pytest.mark.integration
+def test_smol_last_layer_exit_is_the_models_nll(smol):
+    rows = interp.load_examples("wiki", smol.tokenizer, n=3, seq_len=32, seed=0)
+    res = lens.early_exit(smol, rows, at="resid_post", layers=[0, 29])
+    assert (res.nll[-1] - interp.nll(smol, rows)).abs().max() < 1e-4
+    assert res.nll[0].mean() > res.nll[-1].mean() + 1.0  # layer 0 decodes far worse
+
+
+@pytest.mark.integration
+@pytest.mark.gemma
+def test_gemma_exit_and_suffix_runner(gemma):
+    from interp import patching
+
+    rows = interp.load_examples("wiki", gemma.tokenizer, n=2, seq_len=24, seed=0)
+    res = lens.early_exit(gemma, rows, at="resid_post", layers=[-1])
+    assert (res.nll[-1] - interp.nll(gemma, rows)).abs().max() < 1e-4
+    runner = patching.DecoderRunner.for_model(gemma)
+    cache, final = patching._capture(gemma, rows.tokens, [("resid_pre", 0)])
+    with torch.no_grad():
+        assert torch.allclose(runner.run(cache[("resid_pre", 0)], 0), final, atol=1e-4)
