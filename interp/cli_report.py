@@ -24,6 +24,7 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--no-static", action="store_true", help="skip PNG/SVG export")
+    p.add_argument("--screenshot", default=None, help="also save a headless-Chromium screenshot of the page here")
     p.add_argument("--quiet", action="store_true")
 
 
@@ -54,6 +55,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     results = run_report(args.out, settings, stages=args.stages.split(",") if args.stages else None,
                          progress=False if args.quiet else None, static=not args.no_static)
     print(f"report written to {args.out}/index.html in {time.time() - start:.0f} s")
+    if args.screenshot:
+        from interp.report import screenshot
+
+        print(f"screenshot: {screenshot(args.out, args.screenshot)}")
     for name, seconds in results["stage_seconds"].items():
         print(f"  {name:<14} {seconds:7.1f} s")
     for row in results["reproduction"]:

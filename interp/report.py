@@ -312,3 +312,38 @@ def _write_outputs(folder: Path, settings: ReportSettings, stages: list[Stage], 
     if static:
         figures = {f"{name}__{fig_name}": fig for name, o in outputs.items() for fig_name, fig in o.figures.items()}
         export_static(figures, folder / "figures")
+
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+def screenshot(folder: str | Path, path: str | Path | None = None, width: int = 1280, height: int = 900,
+               full_page: bool = False) -> Path:
+    """Open ``folder/index.html`` in headless Chromium (Playwright) and save a PNG screenshot.
+
+    Returns the PNG path (default ``folder/screenshot.png``). Needs Chromium at ``BROWSER_PATH``
+    (default ``/usr/bin/chromium``; ``make chromium`` installs it).
+    """
+    import os
+
+    from playwright.sync_api import sync_playwright
+
+    from interp.errors import ResourceError
+
+    folder = Path(folder)
+    target = Path(path) if path else folder / "screenshot.png"
+    browser_path = os.environ.get("BROWSER_PATH", "/usr/bin/chromium")
+    if not Path(browser_path).exists():
+        raise ResourceError(f"Chromium not found at {browser_path}: run `make chromium` or set BROWSER_PATH.")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=browser_path, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            page.goto((folder / "index.html").resolve().as_uri())
+            page.wait_for_load_state("load")
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(target), full_page=full_page)
+        finally:
+            browser.close()
+    return target
