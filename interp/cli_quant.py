@@ -112,6 +112,10 @@ def split_specs(text: str) -> list[str]:
 @command("score", "per-example quantization error NLL(quant) - NLL(ref) for several specs (resumable)",
          _score_args)
 def cmd_score(args: argparse.Namespace) -> int:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: see interp/distributed.py
+        from interp.distributed import cli_score
+
+        return cli_score(args)
     from interp.cli import load_model_and_examples
     from interp.io import ensure_writable_dir, write_json
     from interp.quant import parse_spec

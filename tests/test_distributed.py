@@ -1,0 +1,162 @@
+"""Multi-process scoring (interp.distributed) against a single-process ``score`` run.
+
+The torchrun test starts 2 ranks on CPU (gloo). Both sides use one torch thread per
+process (2 cores / 2 ranks on the distributed side, ``set_num_threads(1)`` here), and the
+shards are whole batches of the single-process run, so the forwards are the same
+computations on the same inputs: the results are expected to be bit-identical. The check
+allows 1e-12 only so that a BLAS that changes its reduction order with the thread count
+would not fail it (double-precision mean of float32 token NLLs; a real difference in batching
+shows up at ~1e-7 and above).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import interp
+from interp.distributed import merge_shards, shard_bounds, shard_path
+from interp.quant.store import ScoreStore, score
+
+SPECS = ["rtn:bits=3,group=64", "nf:bits=4,group=64"]
+N, T, BATCH = 14, 16, 4  # 4 batches (the last one short): rank 0 gets 2, rank 1 gets 2
+
+DRIVER = """
+import sys, torch, interp
+from interp.distributed import score_distributed
+
+folder, store, out = sys.argv[1:4]
+model = interp.load_model(folder)
+g = torch.Generator().manual_seed(0)
+ex = interp.Examples.from_tokens(torch.randint(0, 256, ({n}, {t}), generator=g))
+errors = score_distributed(model, {specs!r}, ex, store, batch_size={batch}, progress=False)
+if errors is not None:
+    errors.to_pickle(out)
+print("rank done", torch.get_num_threads())
+"""
+
+
+def _examples() -> interp.Examples:
+    g = torch.Generator().manual_seed(0)
+    return interp.Examples.from_tokens(torch.randint(0, 256, (N, T), generator=g))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(tmp: Path, folder: Path, store: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    script = tmp / "driver.py"
+    script.write_text(textwrap.dedent(DRIVER.format(n=N, t=T, specs=SPECS, batch=BATCH)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+           str(script), str(folder), str(store), str(out)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.parametrize("n,batch,world", [(14, 4, 2), (12, 4, 2), (3, 8, 4), (100, 8, 3), (0, 8, 2)])
+def test_shard_bounds_cover_in_whole_batches(n: int, batch: int, world: int) -> None:
+    bounds = [shard_bounds(n, batch, r, world) for r in range(world)]
+    assert bounds[0][0] == 0 and bounds[-1][1] == n
+    for (_, e0), (s1, _) in zip(bounds, bounds[1:], strict=False):
+        assert e0 == s1  # contiguous, disjoint
+    for s, e in bounds:
+        assert s % batch == 0 and (e % batch == 0 or e == n)
+
+
+@pytest.fixture(scope="module")
+def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, Path]:
+    """One 2-rank torchrun of the driver: (tmp, HF folder, main store, pickled errors)."""
+    tmp = tmp_path_factory.mktemp("dist")
+    folder = tmp / "tiny"
+    interp.models.export_hf(interp.tiny_model("llama", seed=0), folder)
+    store, out = tmp / "dist", tmp / "errors.pkl"
+    _torchrun(tmp, folder, store, out)
+    return tmp, folder, store, out
+
+
+@pytest.mark.slow
+def test_torchrun_matches_single_process(torchrun_run: tuple[Path, Path, Path, Path]) -> None:
+    tmp_path, folder, store, out = torchrun_run
+    dist_errors = pd.read_pickle(out)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single = score(interp.load_model(folder), SPECS, _examples(), store=tmp_path / "single",
+                       batch_size=BATCH, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+
+    assert list(dist_errors.index) == list(single.index) == _examples().ids
+    assert list(dist_errors.columns) == list(single.columns)
+    assert not dist_errors.isna().any().any()
+    diff = (dist_errors - single).abs().to_numpy().max()
+    assert diff < 1e-12, diff
+
+    with ScoreStore(store) as st:
+        rows = st._db.execute("SELECT count(*), count(DISTINCT model || spec || example) FROM scores").fetchone()
+        assert rows == (N * 3, N * 3)  # reference + 2 specs, no duplicates, none missing
+        log = st.batch_log()
+        # 4 batches x 3 passes, each computed once, by two different processes
+        assert len(log) == 12 and log.pid.nunique() == 2
+        assert not log.duplicated(["model", "spec", "first_example"]).any()
+        nll = st.nll_frame(ids=_examples().ids)
+    with ScoreStore(tmp_path / "single") as st1:
+        assert (nll - st1.nll_frame(ids=_examples().ids)).abs().to_numpy().max() < 1e-12
+    for r in range(2):
+        assert shard_path(store, r).exists()
+
+
+@pytest.mark.slow
+def test_torchrun_rerun_computes_and_merges_nothing_again(torchrun_run: tuple[Path, Path, Path, Path]) -> None:
+    tmp_path, folder, store, out = torchrun_run
+    before = pd.read_pickle(out)
+    _torchrun(tmp_path, folder, store, out)  # as after a kill: every batch is done
+    with ScoreStore(store) as st:
+        assert len(st.batch_log()) == 12
+        assert st._db.execute("SELECT count(*) FROM scores").fetchone()[0] == N * 3
+    assert (pd.read_pickle(out) - before).abs().to_numpy().max() == 0
+
+
+def test_merge_is_idempotent_and_resumes_a_killed_shard(tmp_path: Path) -> None:
+    model = interp.tiny_model("llama", seed=0)
+    ex = _examples()
+    main = tmp_path / "store"
+    # shard 0 finished; shard 1 "killed" after its first batch (it scored only the reference on one batch)
+    s0, e0 = shard_bounds(N, BATCH, 0, 2)
+    s1, e1 = shard_bounds(N, BATCH, 1, 2)
+    score(model, SPECS[:1], ex.subset(list(range(s0, e0))), store=shard_path(main, 0), batch_size=BATCH,
+          progress=False)
+    score(model, SPECS[:1], ex.subset(list(range(s1, s1 + BATCH))), store=shard_path(main, 1),
+          batch_size=BATCH, progress=False)
+    shards = [shard_path(main, 0), shard_path(main, 1)]
+    first = merge_shards(main, shards)
+    assert first == 2 * (e0 - s0) + 2 * BATCH
+    assert merge_shards(main, shards) == 0
+    with ScoreStore(main) as st:
+        assert len(st.batch_log()) == 2 * 2 + 2 * 1
+    # resume shard 1, then merge again: only the new rows and log lines arrive
+    score(model, SPECS[:1], ex.subset(list(range(s1, e1))), store=shard_path(main, 1), batch_size=BATCH,
+          progress=False)
+    assert merge_shards(main, shards) == 2 * (e1 - s1 - BATCH)
+    with ScoreStore(main) as st:
+        log = st.batch_log()
+        assert len(log) == 2 * 4 and not log.duplicated(["model", "spec", "first_example"]).any()
+        errors = st.errors_frame(specs=None, ids=ex.ids)
+    single = score(model, SPECS[:1], ex, store=tmp_path / "single", batch_size=BATCH, progress=False)
+    assert (errors[single.columns] - single).abs().to_numpy().max() < 1e-12
