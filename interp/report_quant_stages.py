@@ -20,9 +20,17 @@ def _quantized(ctx: ReportContext, spec: str) -> Any:
     key = f"quantized:{parse_spec(spec)}"
     if key not in ctx.cache:
         calibration = ctx.calibration if parse_spec(spec).needs_calibration else None
-        ctx.cache[key] = quantize_cached(ctx.model, spec, calibration, cache_dir=ctx.out / "quantized",
+        # Quantized weights live in the user cache ($INTERP_CACHE/quantized), shared across reports,
+        # so the report folder stays small (a quantized SmolLM2 copy is ~0.5 GB in float32).
+        ctx.cache[key] = quantize_cached(ctx.model, spec, calibration, cache_dir=None,
                                          progress=ctx.progress, batch_size=ctx.settings.batch_size)
     return ctx.cache[key]
+
+
+def quantized_cache_dir() -> Any:
+    from interp.models import cache_dir
+
+    return cache_dir() / "quantized"
 
 
 def _errors(ctx: ReportContext) -> pd.DataFrame:
@@ -34,7 +42,7 @@ def _errors(ctx: ReportContext) -> pd.DataFrame:
         ctx.cache["errors"] = score(ctx.model, list(ctx.settings.methods), ctx.examples, store=ctx.out / "scores.sqlite",
                                     calibration=ctx.calibration if needs_cal else None,
                                     batch_size=ctx.settings.batch_size, progress=ctx.progress,
-                                    cache_dir=ctx.out / "quantized")
+                                    cache_dir=quantized_cache_dir())
     return ctx.cache["errors"]
 
 
