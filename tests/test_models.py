@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -112,12 +113,18 @@ def test_not_a_model_folder(tmp_path):
 
 
 def test_gemma_loads_and_predicts(gemma):
+    """Gemma-3-270m: bridge logits equal its HF model's (eager), and it predicts real text far better than chance."""
+    from transformers import AutoModelForCausalLM
+
     assert gemma.info.family == "gemma3" and gemma.info.n_layers == 18 and gemma.info.gated_mlp
-    tokens = gemma.tokenizer("The capital of France is", return_tensors="pt", add_special_tokens=False)["input_ids"]
-    tokens = torch.cat([torch.tensor([[gemma.info.bos_id]]), tokens], dim=1)
+    ex = interp.load_examples("wiki", gemma.tokenizer, n=2, seq_len=32)
+    folder = next((models.cache_dir() / "models").glob("gemma-3-270m-q4_k_m-*"))
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True,
+                                              attn_implementation="eager").eval()
     with torch.no_grad():
-        top = int(gemma(tokens)[0, -1].argmax())
-    assert "Paris" in gemma.tokenizer.decode([top])
+        torch.testing.assert_close(gemma(ex.tokens), hf(ex.tokens).logits, rtol=0, atol=1e-4)
+    nll = interp.nll(gemma, ex)
+    assert (nll < 0.5 * math.log(gemma.cfg.d_vocab)).all(), nll  # uniform guessing would give log(262144) = 12.5
 
 
 test_gemma_loads_and_predicts = pytest.mark.gemma(test_gemma_loads_and_predicts)
