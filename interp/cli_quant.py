@@ -66,7 +66,6 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     spec = parse_spec(args.method)
     out = ensure_writable_dir(args.out)
     model = interp.load_model(args.model, device=args.device)
-    args.n = args.calibration_n
     calibration = _calibration(args, model, [spec])
     qmodel = quantize(model, spec, calibration=calibration, progress=not args.quiet and None,
                       batch_size=args.batch_size)

@@ -249,10 +249,11 @@ class LogitDiffMetric(Metric):
         self.position = position
 
     def _pick(self, logits: Float[Tensor, "rows vocab"], index: Tensor) -> PerRow:
-        answers = self.answers[index % len(self.answers) if len(self.answers) == 1 else index].to(logits.device)
-        wrongs = self.wrongs[index % len(self.wrongs) if len(self.wrongs) == 1 else index].to(logits.device)
+        def per_row(tokens: Tensor) -> Tensor:  # one token for all rows, or one per example
+            return (tokens.expand(len(index)) if len(tokens) == 1 else tokens[index]).to(logits.device)
+
         rows = torch.arange(logits.shape[0], device=logits.device)
-        return (logits[rows, answers] - logits[rows, wrongs]).double()
+        return (logits[rows, per_row(self.answers)] - logits[rows, per_row(self.wrongs)]).double()
 
     def from_resid(self, readout: Readout, resid: Resid, tokens: Tokens, index: Tensor) -> PerRow:
         return self._pick(readout.logits(resid[:, self.position]).float(), index)
@@ -562,7 +563,7 @@ def _position_heatmap(result: PatchResult) -> Any:
     import plotly.graph_objects as go
 
     table = result.table()
-    grid = table.pivot_table(index="layers", columns="positions", values="recovery", sort=False)
+    grid = table.pivot_table(index="layers", columns="positions", values="recovery", sort=False, dropna=False)
     fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index),
                                colorscale="RdBu", zmid=0, colorbar={"title": "recovery"}))
     fig.update_layout(title=f"Patching {', '.join(table['component'].unique())} by layer and position",
