@@ -58,13 +58,11 @@ from interp import hooks as hk
 from interp.data import Examples
 from interp.errors import ComponentError, InterpError, NonFiniteError
 from interp.probes import batches, check_context, show_progress
+from interp.typing import PerExample, Resid, Tokens
 
 ExitPoint = Literal["resid_mid", "resid_post"]
-Resid = Float[Tensor, "batch pos d_model"]
-Tokens = Int64[Tensor, "batch pos"]
 TokenNLL = Float[Tensor, "batch predicted"]
 LayerNLL = Float[Tensor, "n_layers n_examples"]
-PerExample = Float[Tensor, " n_examples"]
 
 DEFAULT_MAX_LOGITS = 1 << 23  # 32 MiB of float32 logits alive at once (fits a large L3)
 

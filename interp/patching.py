@@ -79,7 +79,7 @@ from typing import Any, Literal, Union
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float, Int64
+from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -89,6 +89,7 @@ from interp.errors import ComponentError, DataError, InterpError, NonFiniteError
 from interp.lens import Readout
 from interp.probes import batches, check_context, show_progress
 from interp.scoring import model_logits, token_nll
+from interp.typing import PerExample, Resid, Tokens
 
 PatchComponent = Literal[
     "resid_pre", "resid_mid", "resid_post", "attn_out", "head", "gate", "up", "down", "gate_input",
@@ -101,11 +102,7 @@ PAPER_NAMES = {"attn_out": "attention", "gate": "gate", "up": "up", "down": "dow
                "resid_mid": "resid_mid", "resid_post": "resid_post"}
 LayerSelection = Union[str, int, Sequence[int], None]
 
-Tokens = Int64[Tensor, "batch pos"]
-Resid = Float[Tensor, "batch pos d_model"]
-Activation = Float[Tensor, "batch pos ..."]
 PerRow = Float[Tensor, " rows"]
-PerExample = Float[Tensor, " n_examples"]
 PatchValues = Float[Tensor, "n_patches n_examples"]
 Key = tuple[str, int]  # (component, layer)
 

@@ -24,6 +24,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def pair():
+    """A tiny llama reference and its 3-bit RTN copy (the same pair as in test_patching)."""
     from interp.quant.apply import quantize
 
     reference = interp.tiny_model("llama", seed=0, n_layers=4)
