@@ -123,8 +123,8 @@ def test_report_renders_in_headless_chromium(quick_report, tmp_path):
                  const svg = el.querySelector('svg.main-svg');
                  const canvas = el.querySelector('canvas');
                  const box = el.getBoundingClientRect();
-                 const marks = el.querySelectorAll('.scatterlayer path, .heatmaplayer image, .hm image, path.js-line,'
-                                                  + ' .barlayer path').length;
+                 const marks = el.querySelectorAll('g.trace path, g.trace image, .heatmaplayer image, .hm image,'
+                                                  + ' .boxlayer path, .barlayer path, .scatterlayer path').length;
                  return {id: el.id, svg: !!svg, canvas: !!canvas, w: box.width, h: box.height, marks: marks};
                })""")
         assert errors == [], errors
