@@ -152,6 +152,8 @@ def test_kill_9_and_resume_gives_the_uninterrupted_result(tmp_path):
     store = tmp_path / "killed"
     kills = []
     for _trial in range(3):
+        if _batches_done(store) >= n_batches:
+            break  # on a fast machine the work can run out before the third kill
         proc = _run(store, tmp_path / "cache", n_examples)
         start = _batches_done(store)
         while _batches_done(store) == start and proc.poll() is None:  # wait for its first commit
@@ -161,7 +163,10 @@ def test_kill_9_and_resume_gives_the_uninterrupted_result(tmp_path):
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
             kills.append(_batches_done(store))
-    assert kills and all(0 < k < n_batches for k in kills), kills  # each kill landed mid-run
+    # a kill that lands just after the last commit finds nothing left to interrupt; at least two
+    # must have landed mid-run for the test to mean anything
+    mid_run = [k for k in kills if 0 < k < n_batches]
+    assert len(mid_run) >= 2, kills
     resumed = _run(store, tmp_path / "cache", n_examples)
     assert "finished" in resumed.communicate(timeout=600)[0]
 
