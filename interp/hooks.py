@@ -29,6 +29,7 @@ RMSNorm scales by ``1 + gamma``).
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Iterable, Literal
 
 import torch
@@ -159,6 +160,33 @@ def _unwrap_linear(module: Any) -> torch.nn.Module:
     """The plain ``nn.Linear`` under a transformer-lens ``LinearBridge`` wrapper."""
     inner = getattr(module, "original_component", None)
     return inner if isinstance(inner, torch.nn.Linear) else module
+
+
+def hooks_active(model: Any) -> bool:
+    """Is any hook registered on the bridge's hook points (by ``model.hooks``, ``add_hook``...)?"""
+    return any(point._forward_hooks or point._forward_pre_hooks or point._backward_hooks
+               for point in model.hook_dict.values())
+
+
+def native_model(model: Any) -> torch.nn.Module:
+    """The Hugging Face model under the bridge, with every wrapper swapped for what it wraps.
+
+    transformer-lens installs its wrappers *inside* the Hugging Face module tree, so the
+    plain model is no longer reachable as is. This rebuilds the tree from shallow copies:
+    every parameter and buffer is the bridge's own tensor (no memory, and quantized or
+    restored weights show through), but no hook point is on the path, and attention runs
+    through Hugging Face's own code instead of the bridge's step-by-step re-implementation.
+    Logits are bit-identical to the bridge's (tested); use it only for forwards that need
+    no hooks (:func:`hooks_active`).
+    """
+    def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+        inner = getattr(module, "original_component", None)
+        source = inner if isinstance(inner, torch.nn.Module) else module
+        clone = copy.copy(source)  # shares _parameters/_buffers; gets its own child table below
+        clone._modules = {name: None if child is None else unwrap(child) for name, child in source._modules.items()}
+        return clone
+
+    return unwrap(model.original_model)
 
 
 def blocks(model: Any) -> Any:

@@ -292,6 +292,8 @@ class DecoderRunner:
         self.rotary_by_type = "layer_type" in inspect.signature(rotary_forward.forward).parameters
         self._rotary: dict[tuple[Any, ...], Any] = {}
         self._masks: dict[tuple[Any, ...], Any] = {}
+        self._model = model
+        self._native: Any = None
 
     @classmethod
     def for_model(cls, model: Any) -> DecoderRunner | None:
@@ -324,9 +326,20 @@ class DecoderRunner:
         return {"attention_mask": self._masks[mkey], "position_embeddings": self._rotary[rkey],
                 "position_ids": position_ids}
 
-    def block(self, layer: int, hidden: Resid, module: Any = None) -> Resid:
-        """Block ``layer`` (or ``module`` in its place) applied to ``hidden``."""
-        out = (module if module is not None else self.blocks[layer])(hidden, **self._layer_kwargs(layer, hidden))
+    def native_blocks(self) -> Any:
+        """The decoder layers without the bridge's wrappers (:func:`interp.hooks.native_model`)."""
+        if self._native is None:
+            self._native = hk.native_model(self._model).model.layers
+        return self._native
+
+    def block(self, layer: int, hidden: Resid, module: Any = None, native: bool = False) -> Resid:
+        """Block ``layer`` (or ``module`` in its place) applied to ``hidden``.
+
+        ``native=True`` runs the bridge-free layer: same output bit for bit, no hooks fire.
+        """
+        if module is None:
+            module = self.native_blocks()[layer] if native else self.blocks[layer]
+        out = module(hidden, **self._layer_kwargs(layer, hidden))
         return out[0] if isinstance(out, tuple) else out
 
     def run(self, hidden: Resid, start: int, modules: Sequence[Any] | None = None) -> Resid:
@@ -659,6 +672,9 @@ class _Engine:
         assert runner is not None
         hidden: Tensor | None = None
         joined = 0
+        # layers with no patch run bridge-free (about 10% faster, identical output) unless the
+        # caller has hooks of their own on the target, which must keep firing
+        native = not hk.hooks_active(self.target)
         for layer in range(jobs[0].start, len(runner.blocks)):
             new = 0
             while joined + new < len(jobs) and jobs[joined + new].start == layer:
@@ -673,7 +689,7 @@ class _Engine:
                 with self.target.hooks(fwd_hooks=fwd):
                     hidden = runner.block(layer, hidden)
             else:
-                hidden = runner.block(layer, hidden)
+                hidden = runner.block(layer, hidden, native=native)
         assert hidden is not None
         return hidden
 

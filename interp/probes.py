@@ -64,9 +64,9 @@ def reduce_mean(x: torch.Tensor, exclude_bos: bool = True) -> torch.Tensor:
 def reduce_kurtosis(x: torch.Tensor, exclude_bos: bool = True) -> torch.Tensor:
     """Kurtosis ``m4 / m2^2`` over features per position (3 for a Gaussian), mean over positions."""
     x = _positions(x, exclude_bos)
-    centred = x - x.mean(dim=-1, keepdim=True)
-    m2 = centred.pow(2).mean(dim=-1)
-    m4 = centred.pow(4).mean(dim=-1)
+    squared = (x - x.mean(dim=-1, keepdim=True)).square_()  # in place: one buffer, no pow
+    m2 = squared.sum(dim=-1) / x.shape[-1]
+    m4 = torch.linalg.vecdot(squared, squared) / x.shape[-1]  # sum of c^4 without a second buffer
     return (m4 / m2.clamp_min(torch.finfo(x.dtype).tiny).pow(2)).mean(dim=1)
 
 
@@ -335,6 +335,9 @@ def probe(
         act = hk.activation_fn(model, layer) if component == "gate" else None
 
         def hook(x: torch.Tensor, hook: Any) -> None:
+            if batch_state["dry"]:
+                batch_state["fired"].append(hook.name)
+                return
             x = x.detach()
             if act is not None:
                 x = act(x)
@@ -348,26 +351,31 @@ def probe(
                         "weights (e.g. a broken quantization) or use float32."
                     )
                 stats[f"{component}/{reducer}"][li].append(value.cpu())
-            batch_state["fired"].append(hook.name)
             if hook.name == batch_state["last"]:
                 raise _StopForward
 
         return hook
 
     fwd_hooks = list(extra_hooks)
-    hook_order = []
     for li, layer in enumerate(layer_list):
         for component in dict.fromkeys(c for c, _, _ in pairs):
             wanted = [r for c, r, _ in pairs if c == component]
             name = hk.hook_point(model, component, layer)
             fwd_hooks.append((name, make_hook(component, li, layer, wanted)))
-            hook_order.append(name)
-    # The first batch runs the whole forward and records the order the hooks fire in; later
-    # batches stop right after the last requested hook, skipping the remaining layers and
-    # the unembed. (Not with extra hooks, whose effects a caller may want downstream.)
-    batch_state.update(last=None, fired=[])
+    # A two-token dry run records the order the hooks fire in (cheap, and architecture-agnostic);
+    # every real batch then stops right after the last requested hook, skipping the remaining
+    # layers and the unembed. (Not with extra hooks, whose effects a caller may want downstream.)
+    batch_state.update(last=None, fired=[], dry=False)
     run_to_end = bool(extra_hooks) or with_nll
     nll_chunks: list[torch.Tensor] = []
+    if not run_to_end:
+        with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
+            batch_state["dry"] = True
+            try:
+                model.original_model(input_ids=examples.tokens[:1, :2].to(_device(model)))
+            finally:
+                batch_state["dry"] = False
+        batch_state["last"] = batch_state["fired"][-1] if batch_state["fired"] else None
 
     bar = tqdm(total=n, desc="probe", unit="ex", disable=not show_progress(progress))
     with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
@@ -382,8 +390,6 @@ def probe(
                     nll_chunks.append(token_nll(out.logits, tokens).double().mean(dim=1).float().cpu())
             except _StopForward:
                 pass
-            if not run_to_end and batch_state["last"] is None and batch_state["fired"]:
-                batch_state["last"] = batch_state["fired"][-1]
             bar.update(end - start)
     bar.close()
     stacked = {name: torch.stack([torch.cat(chunks) for chunks in per_layer])

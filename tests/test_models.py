@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import interp
+from interp.hooks import native_model
 from interp import models
 from interp.errors import ModelLoadError
 
@@ -123,8 +124,27 @@ def test_gemma_loads_and_predicts(gemma):
                                               attn_implementation="eager").eval()
     with torch.no_grad():
         torch.testing.assert_close(gemma(ex.tokens), hf(ex.tokens).logits, rtol=0, atol=1e-4)
+        # the bridge-free tree (used for hook-free scoring) gives the bridge's logits exactly
+        assert torch.equal(native_model(gemma)(input_ids=ex.tokens).logits, gemma(ex.tokens))
     nll = interp.nll(gemma, ex)
     assert (nll < 0.5 * math.log(gemma.cfg.d_vocab)).all(), nll  # uniform guessing would give log(262144) = 12.5
 
 
 test_gemma_loads_and_predicts = pytest.mark.gemma(test_gemma_loads_and_predicts)
+
+
+def test_native_model_is_the_bridge_without_wrappers(smol, wiki_small):
+    """Bit-identical logits, the same parameter tensors, and no bridge module or hook on the path."""
+    from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
+
+    native = native_model(smol)
+    assert not any(isinstance(m, GeneralizedComponent) for m in native.modules())
+    bridge_params = {p.data_ptr() for p in smol.original_model.parameters()}
+    assert {p.data_ptr() for p in native.parameters()} == bridge_params  # shared, not copied
+    fired = []
+    tokens = wiki_small.tokens[:2, :48]
+    with torch.no_grad(), smol.hooks(fwd_hooks=[("blocks.3.hook_resid_post", lambda x, hook: fired.append(1))]):
+        out = native(input_ids=tokens).logits
+    assert not fired
+    with torch.no_grad():
+        assert torch.equal(out, smol.original_model(input_ids=tokens).logits)

@@ -37,6 +37,10 @@ def test_real_nll_matches_hf_and_is_batch_invariant(smol, wiki_small):
         logits[:, :-1].reshape(-1, logits.shape[-1]), ex.tokens[:, 1:].reshape(-1), reduction="none"
     ).view(8, -1).mean(1)
     assert (eight - manual).abs().max() < 1e-4
+    # per token, against a float64 log-softmax over the real 49k vocabulary (a strided
+    # cross-entropy once drifted by 2e-4 here)
+    exact = -torch.log_softmax(logits.double(), -1)[:, :-1].gather(-1, ex.tokens[:, 1:, None])[..., 0]
+    assert (token_nll(logits, ex.tokens) - exact).abs().max() < 5e-5
 
 
 @pytest.mark.integration
@@ -44,3 +48,34 @@ def test_real_perplexity_on_wiki(smol):
     ex = interp.load_examples("wiki", smol.tokenizer, n=24, seq_len=128, seed=0)
     ppl = perplexity(interp.nll(smol, ex))
     assert 10 < ppl < 30, ppl
+
+
+def test_nll_follows_registered_hooks_and_weight_edits(tiny_llama):
+    """The bridge-free fast path is taken only without hooks; edited weights show through it."""
+    from interp import hooks as hk
+
+    tokens = torch.randint(0, 256, (3, 16), generator=torch.Generator().manual_seed(1))
+    ex = Examples.from_tokens(tokens)
+    with torch.no_grad():
+        full = token_nll(tiny_llama.original_model(input_ids=tokens).logits, tokens).double().mean(1).float()
+    plain = interp.nll(tiny_llama, ex)
+    torch.testing.assert_close(plain, full, rtol=0, atol=1e-5)
+    zero_attn = [(hk.hook_point(tiny_llama, "attn_out", 0), lambda x, hook: torch.zeros_like(x))]
+    with tiny_llama.hooks(fwd_hooks=zero_attn):
+        assert hk.hooks_active(tiny_llama)
+        hooked = interp.nll(tiny_llama, ex)
+        with torch.no_grad():
+            expected = token_nll(tiny_llama.original_model(input_ids=tokens).logits, tokens).double().mean(1).float()
+    torch.testing.assert_close(hooked, expected, rtol=0, atol=1e-5)
+    assert (hooked - plain).abs().max() > 1e-3  # the hook really changed the score
+    down = hk.linear_modules(tiny_llama, 1)["down"]
+    saved = down.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            down.weight.mul_(0.0)
+            with torch.no_grad():
+                edited_full = token_nll(tiny_llama.original_model(input_ids=tokens).logits, tokens).double().mean(1).float()
+        torch.testing.assert_close(interp.nll(tiny_llama, ex), edited_full, rtol=0, atol=1e-5)
+    finally:
+        with torch.no_grad():
+            down.weight.copy_(saved)

@@ -39,7 +39,7 @@ import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 import torch
@@ -50,7 +50,7 @@ from interp.errors import InterpError, NonFiniteError, SpecError
 from interp.probes import batches, check_context, show_progress
 from interp.quant.apply import model_hash, quantize_cached
 from interp.quant.spec import MethodSpec, parse_spec
-from interp.scoring import model_logits, token_kl, token_nll
+from interp.scoring import fast_forward, model_logits, token_kl, token_nll, token_nll_fn
 
 REFERENCE = "reference"
 STORE_FILE = "scores.sqlite"
@@ -243,23 +243,35 @@ def _pending(store: ScoreStore, model: str, spec: str, ids: Sequence[str],
     return [(s, e) for s, e in chunks if not all(i in done for i in ids[s:e])]
 
 
-def _score_batch(model: Any, reference: Any | None, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Mean NLL per row and, when ``reference`` is given, mean KL(p_ref || p_model) per row."""
-    logits = model_logits(model, tokens)
-    targets = tokens.to(logits.device)
-    nll = token_nll(logits, targets).double().mean(dim=1).cpu()
-    kl = None
-    if reference is not None:
-        kl = token_kl(model_logits(reference, tokens), logits).double().mean(dim=1).cpu()
-    return nll, kl
+def _scorer(model: Any, reference: Any | None) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]:
+    """``tokens -> (mean NLL per row, mean KL(p_ref || p_model) per row or None)``.
+
+    Without KL the NLL comes from the chunked, bridge-free scorer; with KL both models'
+    full logits are needed, from their bridge-free forwards when no hook is registered.
+    """
+    if reference is None:
+        per_token = token_nll_fn(model)
+        return lambda tokens: (per_token(tokens).double().mean(dim=1).cpu(), None)
+    run, run_ref = fast_forward(model), fast_forward(reference)
+
+    def score_with_kl(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits = model_logits(model, tokens, run)
+        nll = token_nll(logits, tokens.to(logits.device)).double().mean(dim=1).cpu()
+        kl = token_kl(model_logits(reference, tokens, run_ref), logits).double().mean(dim=1).cpu()
+        return nll, kl
+
+    return score_with_kl
 
 
 def _run_pass(store: ScoreStore, key: str, spec: str, model: Any, reference: Any | None,
               examples: Examples, todo: Sequence[tuple[int, int]], bar: Any) -> None:
+    if not todo:
+        return
+    score_batch = _scorer(model, reference)
     for start, end in todo:
         tick = time.perf_counter()
         with torch.no_grad():
-            nll, kl = _score_batch(model, reference, examples.tokens[start:end])
+            nll, kl = score_batch(examples.tokens[start:end].to(next(model.original_model.parameters()).device))
         if not torch.isfinite(nll).all() or (kl is not None and not torch.isfinite(kl).all()):
             raise NonFiniteError(f"{spec} gave NaN/inf NLL or KL on examples {examples.ids[start:end][:3]}: "
                                  "check the quantized weights.")
