@@ -182,11 +182,56 @@ def native_model(model: Any) -> torch.nn.Module:
     def unwrap(module: torch.nn.Module) -> torch.nn.Module:
         inner = getattr(module, "original_component", None)
         source = inner if isinstance(inner, torch.nn.Module) else module
-        clone = copy.copy(source)  # shares _parameters/_buffers; gets its own child table below
+        clone = copy.copy(source)  # shares the parameter and buffer tensors
+        for key, value in vars(source).items():  # own hook tables: hooks put on the clone stay off the bridge
+            if "hooks" in key and isinstance(value, dict):
+                clone.__dict__[key] = copy.copy(value)
         clone._modules = {name: None if child is None else unwrap(child) for name, child in source._modules.items()}
         return clone
 
     return unwrap(model.original_model)
+
+
+# Where each component can be read on the bridge-free Hugging Face tree (native_model), for
+# the families whose module layout is known: (submodule path in the decoder layer, "in" for
+# its first input or "out" for its output, tuple index of that output or None). Gemma-3
+# adds post-attention / post-feed-forward norms, so what enters the residual is their output.
+_NATIVE_TAPS: dict[str, dict[str, tuple[str, str, int | None]]] = {
+    "llama": {
+        "resid_pre": ("", "in", None), "resid_post": ("", "out", 0),
+        "resid_mid": ("post_attention_layernorm", "in", None), "h": ("post_attention_layernorm", "out", None),
+        "attn_out": ("self_attn", "out", 0), "pattern": ("self_attn", "out", 1),
+        "head": ("self_attn.o_proj", "in", None),
+        "gate_pre": ("mlp.gate_proj", "out", None), "gate": ("mlp.gate_proj", "out", None),
+        "up": ("mlp.up_proj", "out", None), "down": ("mlp", "out", None),
+        "gate_input": ("mlp.gate_proj", "in", None),
+    },
+}
+_NATIVE_TAPS["gemma3"] = {
+    **_NATIVE_TAPS["llama"],
+    "resid_mid": ("pre_feedforward_layernorm", "in", None), "h": ("pre_feedforward_layernorm", "out", None),
+    "attn_out": ("post_attention_layernorm", "out", None), "down": ("post_feedforward_layernorm", "out", None),
+}
+
+
+def native_tap(model: Any, native: torch.nn.Module, component: str, layer: int
+               ) -> tuple[torch.nn.Module, str, int | None] | None:
+    """``(module, "in" | "out", output index)`` carrying ``component`` on ``native``, or ``None``.
+
+    ``None`` means "no known native location": the caller should use the bridge's hook points.
+    ``head`` arrives flat (``[batch, pos, head * d_head]``) and needs a reshape.
+    """
+    family = getattr(getattr(model, "info", None), "family", None)
+    taps = _NATIVE_TAPS.get(str(family))
+    if taps is None or component not in taps:
+        return None
+    path, side, index = taps[component]
+    module: Any = native.model.layers[layer]  # type: ignore[union-attr]
+    for part in filter(None, path.split(".")):
+        module = getattr(module, part, None)
+        if module is None:
+            return None
+    return module, side, index
 
 
 def blocks(model: Any) -> Any:

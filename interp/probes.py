@@ -30,9 +30,10 @@ from __future__ import annotations
 import json
 import math
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pandas as pd
 import torch
@@ -287,6 +288,7 @@ def probe(
     memory_fraction: float = 0.5,
     extra_hooks: Sequence[tuple[str, Callable[..., Any]]] = (),
     with_nll: bool = False,
+    native: bool | None = None,
 ) -> ProbeResult:
     """Run ``model`` over ``examples`` and reduce each (component, layer) as it streams past.
 
@@ -306,6 +308,10 @@ def probe(
             later layers see).
         with_nll: also compute each example's mean next-token NLL from the same forwards
             (``result.nll``); the forward then always runs to the end.
+        native: read the activations on the bridge-free Hugging Face tree
+            (:func:`interp.hooks.native_model`; same numbers, ~20% faster) instead of the
+            bridge's hook points. Default: whenever possible, i.e. no ``extra_hooks``, no
+            hooks registered on ``model``, and a llama-style or Gemma-3 module layout.
 
     Returns:
         A :class:`ProbeResult`.
@@ -331,14 +337,16 @@ def probe(
     stats: dict[str, list[list[torch.Tensor]]] = {f"{c}/{r}": [[] for _ in layer_list] for c, r, _ in pairs}
     batch_state: dict[str, Any] = {}
 
-    def make_hook(component: str, li: int, layer: int, wanted: list[str]) -> Callable[..., None]:
+    def make_consumer(component: str, li: int, layer: int, wanted: list[str], name: str) -> Callable[[torch.Tensor], None]:
         act = hk.activation_fn(model, layer) if component == "gate" else None
 
-        def hook(x: torch.Tensor, hook: Any) -> None:
+        def consume(x: torch.Tensor) -> None:
             if batch_state["dry"]:
-                batch_state["fired"].append(hook.name)
+                batch_state["fired"].append(name)
                 return
             x = x.detach()
+            if component == "head" and x.ndim == 3:  # the native tap sees o_proj's flat input
+                x = x.view(*x.shape[:2], model.cfg.n_heads, -1)
             if act is not None:
                 x = act(x)
             for reducer in wanted:
@@ -351,39 +359,59 @@ def probe(
                         "weights (e.g. a broken quantization) or use float32."
                     )
                 stats[f"{component}/{reducer}"][li].append(value.cpu())
-            if hook.name == batch_state["last"]:
+            if name == batch_state["last"]:
                 raise _StopForward
 
-        return hook
+        return consume
 
-    fwd_hooks = list(extra_hooks)
+    consumers = []
     for li, layer in enumerate(layer_list):
         for component in dict.fromkeys(c for c, _, _ in pairs):
             wanted = [r for c, r, _ in pairs if c == component]
             name = hk.hook_point(model, component, layer)
-            fwd_hooks.append((name, make_hook(component, li, layer, wanted)))
+            consumers.append((component, layer, name, make_consumer(component, li, layer, wanted, name)))
+
+    # Without hooks of the caller's own, the probe reads the bridge-free Hugging Face tree
+    # (hk.native_model: same numbers, no wrapper dispatch, HF's own attention); otherwise,
+    # or for an unknown module layout, the bridge's hook points.
+    run_to_end = bool(extra_hooks) or with_nll
+    plan = None
+    if native is not False and not extra_hooks and not hk.hooks_active(model):
+        tree = hk.native_model(model)
+        taps = [hk.native_tap(model, tree, c, layer) for c, layer, _, _ in consumers]
+        if all(t is not None for t in taps):
+            plan = (tree, taps)
+    if native and plan is None:
+        raise InterpError("native=True needs no extra_hooks, no hooks registered on the model, and a "
+                          "llama-style or Gemma-3 model; use native=None to fall back to the bridge.")
+    if plan is not None:
+        tree, taps = plan
+        forward = tree
+        context = _native_hooks([(tap, consume) for tap, (_, _, _, consume) in zip(taps, consumers)])
+    else:
+        forward = model.original_model
+        fwd_hooks = [*extra_hooks, *((name, _bridge_hook(consume)) for _, _, name, consume in consumers)]
+        context = model.hooks(fwd_hooks=fwd_hooks)
+
     # A two-token dry run records the order the hooks fire in (cheap, and architecture-agnostic);
     # every real batch then stops right after the last requested hook, skipping the remaining
     # layers and the unembed. (Not with extra hooks, whose effects a caller may want downstream.)
     batch_state.update(last=None, fired=[], dry=False)
-    run_to_end = bool(extra_hooks) or with_nll
     nll_chunks: list[torch.Tensor] = []
-    if not run_to_end:
-        with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
+    bar = tqdm(total=n, desc="probe", unit="ex", disable=not show_progress(progress))
+    with torch.no_grad(), context:
+        if not run_to_end:
             batch_state["dry"] = True
             try:
-                model.original_model(input_ids=examples.tokens[:1, :2].to(_device(model)))
+                forward(input_ids=examples.tokens[:1, :2].to(_device(model)))
             finally:
                 batch_state["dry"] = False
-        batch_state["last"] = batch_state["fired"][-1] if batch_state["fired"] else None
-
-    bar = tqdm(total=n, desc="probe", unit="ex", disable=not show_progress(progress))
-    with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
+            batch_state["last"] = batch_state["fired"][-1] if batch_state["fired"] else None
         for start, end in batches(n, batch_size):
             batch_state["ids"] = examples.ids[start:end]
             tokens = examples.tokens[start:end].to(_device(model))
             try:
-                out = model.original_model(input_ids=tokens)
+                out = forward(input_ids=tokens)
                 if with_nll:
                     from interp.scoring import token_nll
 
@@ -405,6 +433,42 @@ def probe(
 
 def _device(model: Any) -> torch.device:
     return next(model.original_model.parameters()).device
+
+
+def _bridge_hook(consume: Callable[[torch.Tensor], None]) -> Callable[..., None]:
+    def hook(x: torch.Tensor, hook: Any) -> None:
+        consume(x)
+
+    return hook
+
+
+@contextmanager
+def _native_hooks(taps: Sequence[tuple[Any, Callable[[torch.Tensor], None]]]) -> Iterator[None]:
+    """Register ``consume`` on each ``(module, "in" | "out", index)`` tap; removed on exit."""
+    handles = []
+
+    def on_input(consume: Callable[[torch.Tensor], None]) -> Callable[..., None]:
+        def pre(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            consume(args[0] if args else kwargs["hidden_states"])
+
+        return pre
+
+    def on_output(consume: Callable[[torch.Tensor], None], index: int | None) -> Callable[..., None]:
+        def post(module: Any, args: Any, output: Any) -> None:
+            consume(output[index] if isinstance(output, tuple) and index is not None else output)
+
+        return post
+
+    try:
+        for (module, side, index), consume in taps:
+            if side == "in":
+                handles.append(module.register_forward_pre_hook(on_input(consume), with_kwargs=True))
+            else:
+                handles.append(module.register_forward_hook(on_output(consume, index)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def nan_to_none(x: float) -> float | None:

@@ -137,3 +137,55 @@ def test_gemma_h_and_gate_match_manual(gemma):
     torch.testing.assert_close(res["gate", "norm"][0], gate[:, 1:].norm(dim=-1).mean(1), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(res["up", "norm"][0], up[:, 1:].norm(dim=-1).mean(1), rtol=1e-4, atol=1e-4)
     assert torch.allclose(hk.norm2_gamma(gemma, layer), 1.0 + norm.weight)
+
+
+# ---------------------------------------------------------------------------------------
+# The bridge-free path must give exactly the bridge's numbers
+
+
+def _both_paths(model, ex, layers):
+    for component in hk.COMPONENTS:
+        reducers = ["entropy", "gtd", "sink_share", "full"] if component == "pattern" else ["norm", "kurtosis", "full"]
+        fast = probe(model, ex, [component], reducers, batch_size=2, layers=layers, native=True, progress=False)
+        hooked = probe(model, ex, [component], reducers, batch_size=2, layers=layers, native=False, progress=False)
+        assert fast.stats.keys() == hooked.stats.keys()
+        for key in fast.stats:
+            assert torch.equal(fast.stats[key], hooked.stats[key]), (component, key)
+
+
+def test_native_path_equals_bridge_path_tiny(tiny_llama):
+    _both_paths(tiny_llama, _tokens(n=5, t=10), None)
+
+
+@pytest.mark.integration
+def test_native_path_equals_bridge_path_smollm2(smol, wiki_small):
+    _both_paths(smol, Examples.from_tokens(wiki_small.tokens[:3, :24]), [0, 17, 29])
+
+
+@pytest.mark.gemma
+def test_native_path_equals_bridge_path_gemma(gemma):
+    ex = interp.load_examples("wiki", gemma.tokenizer, n=3, seq_len=24, seed=0)
+    _both_paths(gemma, ex, [0, 5, 17])  # layer 5 is a global-attention layer, 0 and 17 sliding
+
+
+def test_native_path_only_without_hooks_and_leaves_no_hooks_behind(tiny_llama):
+    def hook_counts():
+        return [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in tiny_llama.original_model.modules()]
+
+    ex = _tokens(n=4, t=10)
+    with torch.no_grad():
+        tiny_llama.original_model(input_ids=ex.tokens)  # the bridge adds norm pre-hooks of its own on first use
+    before = hook_counts()
+    seen = []
+    point = hk.hook_point(tiny_llama, "resid_post", 0)
+    doubled = probe(tiny_llama, ex, ["resid_post"], ["norm"], extra_hooks=[(point, lambda x, hook: x * 2)],
+                    progress=False)  # extra hooks: must run on the bridge, and change what is measured
+    plain = probe(tiny_llama, ex, ["resid_post"], ["norm"], progress=False)
+    torch.testing.assert_close(doubled["resid_post", "norm"][0], 2 * plain["resid_post", "norm"][0])
+    with tiny_llama.hooks(fwd_hooks=[(point, lambda x, hook: seen.append(1))]):
+        probe(tiny_llama, ex, ["resid_post"], ["norm"], progress=False)
+        assert seen  # the caller's hook fired: the bridge path was taken
+        with pytest.raises(interp.errors.InterpError, match="native=True"):
+            probe(tiny_llama, ex, ["resid_post"], ["norm"], native=True, progress=False)
+    assert not hk.hooks_active(tiny_llama)
+    assert hook_counts() == before  # the native taps went on the clones only, and are gone
