@@ -71,6 +71,20 @@ def run_with_cache_and_reduce(model, tokens):
     return out
 
 
+def nll_before(model, tokens, chunk: int = 32):
+    """What ``interp.nll`` did before this round of work: the hooked bridge forward, the full
+    ``[B, T, vocab]`` logits, then ``torch.logsumexp`` + gather per 32 positions."""
+    with torch.no_grad():
+        logits = model.original_model(input_ids=tokens).logits[:, :-1]
+        targets = tokens[:, 1:]
+        out = []
+        for start in range(0, targets.shape[1], chunk):
+            block = logits[:, start:start + chunk]
+            picked = block.gather(-1, targets[:, start:start + chunk, None])[..., 0]
+            out.append(torch.logsumexp(block, -1) - picked)
+        return torch.cat(out, 1).double().mean(1)
+
+
 def memory_child(n: int, seq_len: int) -> None:
     import resource
 
@@ -115,9 +129,15 @@ def main() -> None:
                                                      reduction="none").view(8, -1).mean(1)
 
         rows["plain HF NLL (sdpa)"] = timed(hf_nll, args.repeats)
+        rows["plain HF body, no unembed (sdpa)"] = timed(lambda: sdpa.model(input_ids=tokens), args.repeats)
     rows["interp.nll"] = timed(lambda: interp.nll(model, ex, batch_size=8), args.repeats)
+    rows["interp.nll as before (bridge forward, full logits, logsumexp)"] = timed(
+        lambda: nll_before(model, tokens), args.repeats)
     rows["interp.probe (report statistics)"] = timed(
         lambda: probe(model, ex, COMPONENTS, REDUCERS_USED, batch_size=8, progress=False), args.repeats)
+    rows["interp.probe on the bridge's hook points (native=False)"] = timed(
+        lambda: probe(model, ex, COMPONENTS, REDUCERS_USED, batch_size=8, progress=False, native=False),
+        args.repeats)
     rows["run_with_cache + same reductions"] = timed(lambda: run_with_cache_and_reduce(model, tokens), args.repeats)
 
     base = rows["plain HF forward (sdpa)"]
@@ -130,7 +150,7 @@ def main() -> None:
     peak = matmul_peak()
     print(f"machine: torch {torch.__version__}, {torch.get_num_threads()} threads, matmul peak "
           f"{peak / 1e9:.1f} GFLOP/s (2048^3 fp32)")
-    print(f"\n| measurement (8 x 128 tokens) | median s | ratio to plain HF forward (sdpa) |\n|---|---|---|")
+    print("\n| measurement (8 x 128 tokens) | median s | ratio to plain HF forward (sdpa) |\n|---|---|---|")
     for name, seconds in rows.items():
         print(f"| {name} | {seconds:.3f} | {seconds / base:.2f} |")
     nll_ratio = rows["plain HF NLL (sdpa)"] / rows["interp.nll"]
@@ -138,6 +158,12 @@ def main() -> None:
           f"({n_tokens / rows['interp.nll']:.0f} vs {n_tokens / rows['plain HF NLL (sdpa)']:.0f} tokens/s)")
     probe_vs_cache = rows["run_with_cache + same reductions"] / rows["interp.probe (report statistics)"]
     print(f"interp.probe vs run_with_cache+reductions: {probe_vs_cache:.2f}x faster")
+    print(f"interp.probe / plain HF forward: {rows['interp.probe (report statistics)'] / base:.2f}x "
+          f"(target <= 1.15x); / plain HF body without the unembed: "
+          f"{rows['interp.probe (report statistics)'] / rows['plain HF body, no unembed (sdpa)']:.2f}x")
+    before = rows["interp.nll as before (bridge forward, full logits, logsumexp)"]
+    print(f"interp.nll before -> after: {before:.3f} s -> {rows['interp.nll']:.3f} s "
+          f"({n_tokens / before:.0f} -> {n_tokens / rows['interp.nll']:.0f} tokens/s)")
     achieved = flops / rows["interp.nll"]
     print(f"scoring: {flops / 1e9:.1f} GFLOP per batch, {achieved / 1e9:.1f} GFLOP/s achieved = "
           f"{achieved / peak:.0%} of the matmul peak")

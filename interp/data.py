@@ -31,10 +31,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 
@@ -169,7 +170,7 @@ def _documents_from_dataset(path: Path) -> list[Document]:
     if "text" not in ds.column_names:
         raise DataError(f"The dataset at {path} has no 'text' column (columns: {ds.column_names}).")
     ids = ds["id"] if "id" in ds.column_names else [f"{path.name}:{i}" for i in range(len(ds))]
-    return [Document(id=str(i), text=str(t)) for i, t in zip(ids, ds["text"])]
+    return [Document(id=str(i), text=str(t)) for i, t in zip(ids, ds["text"], strict=True)]
 
 
 def read_documents(source: str | Path) -> list[Document]:

@@ -8,8 +8,9 @@ where a figure goes: a notebook cell, the HTML report, or a PNG/SVG for a paper
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go

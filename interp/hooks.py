@@ -30,7 +30,8 @@ RMSNorm scales by ``1 + gamma``).
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Iterable, Literal
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 import torch
 
@@ -136,7 +137,7 @@ def norm2_gamma(model: Any, layer: int) -> torch.Tensor:
     architectures.
     """
     block = model.original_model.model.layers[layer]
-    norm = getattr(block, "pre_feedforward_layernorm", None) or getattr(block, "post_attention_layernorm")
+    norm = getattr(block, "pre_feedforward_layernorm", None) or block.post_attention_layernorm
     weight = norm.weight.detach()
     if getattr(model, "info", None) is not None and model.info.family == "gemma3":
         return 1.0 + weight
@@ -226,7 +227,8 @@ def native_tap(model: Any, native: torch.nn.Module, component: str, layer: int
     if taps is None or component not in taps:
         return None
     path, side, index = taps[component]
-    module: Any = native.model.layers[layer]  # type: ignore[union-attr]
+    decoder: Any = native.model
+    module: Any = decoder.layers[layer]
     for part in filter(None, path.split(".")):
         module = getattr(module, part, None)
         if module is None:

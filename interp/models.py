@@ -125,7 +125,7 @@ def _quiet():
         try:
             yield
         finally:
-            for lg, level in zip(loggers, levels):
+            for lg, level in zip(loggers, levels, strict=True):
                 lg.setLevel(level)
 
 
@@ -164,7 +164,8 @@ def _convert_gguf(gguf: Path, target: Path, source_hash: str) -> None:
                     f"Could not read the GGUF file {gguf} ({type(exc).__name__}: {exc}). "
                     "It may be truncated or corrupt; reinstall the wheel or pass a valid .gguf."
                 ) from None
-            model.hf_quantizer = None
+            # PreTrainedModel does not declare hf_quantizer, so mypy sees nn.Module.__setattr__'s type.
+            model.hf_quantizer = None  # type: ignore[assignment]
             if hasattr(model.config, "quantization_config"):
                 del model.config.quantization_config
             if not model.config.architectures:
@@ -210,7 +211,8 @@ def _load_hf(folder: Path, dtype: torch.dtype, device: str) -> tuple[Any, Any]:
         model = AutoModelForCausalLM.from_pretrained(
             folder, dtype=dtype, local_files_only=True, trust_remote_code=False, use_safetensors=True
         )
-    return model.to(device).eval(), tokenizer
+    # transformers types PreTrainedModel.to as @wraps(nn.Module.to), i.e. unbound (self first).
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]
 
 
 def _family(architecture: str) -> Literal["llama", "gemma3", "gpt2", "other"]:
@@ -231,20 +233,20 @@ def _model_info(name: str, hf_model: Any, tokenizer: Any, source_hash: str) -> M
     text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     architecture = type(hf_model).__name__
     family = _family(architecture)
-    d_model = getattr(text_cfg, "hidden_size", None) or getattr(text_cfg, "n_embd")
+    d_model = getattr(text_cfg, "hidden_size", None) or text_cfg.n_embd
     d_mlp = getattr(text_cfg, "intermediate_size", None) or getattr(text_cfg, "n_inner", None) or 4 * d_model
     bos = bos_token_id(tokenizer) if tokenizer is not None else int(getattr(text_cfg, "bos_token_id", 0) or 0)
     return ModelInfo(
         name=name,
         architecture=architecture,
         family=family,
-        n_layers=int(getattr(text_cfg, "num_hidden_layers", None) or getattr(text_cfg, "n_layer")),
+        n_layers=int(getattr(text_cfg, "num_hidden_layers", None) or text_cfg.n_layer),
         d_model=int(d_model),
-        n_heads=int(getattr(text_cfg, "num_attention_heads", None) or getattr(text_cfg, "n_head")),
+        n_heads=int(getattr(text_cfg, "num_attention_heads", None) or text_cfg.n_head),
         d_mlp=int(d_mlp),
         gated_mlp=family in ("llama", "gemma3"),
         bos_id=bos,
-        n_ctx=int(getattr(text_cfg, "max_position_embeddings", None) or getattr(text_cfg, "n_positions", 1024)),
+        n_ctx=int(getattr(text_cfg, "max_position_embeddings", 0) or getattr(text_cfg, "n_positions", 1024)),
         source_hash=source_hash,
     )
 
@@ -365,18 +367,19 @@ TINY_VOCAB = 259
 
 def tiny_model(kind: Literal["llama", "gpt2"] = "llama", seed: int = 0, n_layers: int = 2, **overrides: Any) -> Any:
     """A random-init model for unit tests (no download): llama-style gated MLP, or GPT-2."""
-    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedConfig
 
     torch.manual_seed(seed)
+    cfg: PreTrainedConfig
     if kind == "llama":
-        cfg = LlamaConfig(
+        cfg = LlamaConfig(  # type: ignore[call-arg]  # attn_implementation is taken by PreTrainedConfig
             vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
             bos_token_id=256, eos_token_id=257, pad_token_id=258, tie_word_embeddings=True,
             attn_implementation="eager", **overrides,
         )
     elif kind == "gpt2":
-        cfg = GPT2Config(
+        cfg = GPT2Config(  # type: ignore[call-arg]  # attn_implementation is taken by PreTrainedConfig
             vocab_size=TINY_VOCAB, n_embd=64, n_layer=n_layers, n_head=4, n_positions=256,
             bos_token_id=256, eos_token_id=257, attn_implementation="eager", **overrides,
         )

@@ -329,7 +329,8 @@ class DecoderRunner:
     def native_blocks(self) -> Any:
         """The decoder layers without the bridge's wrappers (:func:`interp.hooks.native_model`)."""
         if self._native is None:
-            self._native = hk.native_model(self._model).model.layers
+            tree: Any = hk.native_model(self._model)
+            self._native = tree.model.layers
         return self._native
 
     def block(self, layer: int, hidden: Resid, module: Any = None, native: bool = False) -> Resid:

@@ -30,10 +30,11 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -317,98 +318,22 @@ def probe(
         A :class:`ProbeResult`.
     """
     layer_list = hk.check_layers(model, layers)
-    pairs = []
-    for component in components:
-        names = [hk.hook_point(model, component, layer) for layer in layer_list]  # validates
-        fitting = [r for r in reducers if r == "full" or (r in ATTENTION_REDUCERS) == (component == "pattern")]
-        if not fitting:
-            _check_pair(component, reducers[0])
-        for reducer in fitting:
-            _check_pair(component, reducer)
-            pairs.append((component, reducer, names))
-    if not pairs:
-        raise ComponentError("Nothing to probe: give at least one component and reducer.")
+    pairs = _pairs(model, components, reducers, layer_list)
     n, seq_len = examples.tokens.shape
     check_context(model, examples.tokens)
-    full_bytes = sum(_full_bytes(model, c, n, seq_len, len(layer_list)) for c, r, _ in pairs if r == "full")
+    full_bytes = sum(_full_bytes(model, c, n, seq_len, len(layer_list)) for c, r in pairs if r == "full")
     if full_bytes:
         check_memory(full_bytes, "Keeping full activations", memory_fraction)
 
-    stats: dict[str, list[list[torch.Tensor]]] = {f"{c}/{r}": [[] for _ in layer_list] for c, r, _ in pairs}
-    batch_state: dict[str, Any] = {}
-
-    def make_consumer(component: str, li: int, layer: int, wanted: list[str], name: str) -> Callable[[torch.Tensor], None]:
-        act = hk.activation_fn(model, layer) if component == "gate" else None
-
-        def consume(x: torch.Tensor) -> None:
-            if batch_state["dry"]:
-                batch_state["fired"].append(name)
-                return
-            x = x.detach()
-            if component == "head" and x.ndim == 3:  # the native tap sees o_proj's flat input
-                x = x.view(*x.shape[:2], model.cfg.n_heads, -1)
-            if act is not None:
-                x = act(x)
-            for reducer in wanted:
-                value = REDUCERS[reducer](x.float() if reducer != "full" else x, exclude_bos)
-                if reducer != "full" and not torch.isfinite(value).all():
-                    bad = torch.nonzero(~torch.isfinite(value.reshape(value.shape[0], -1)).all(dim=1)).flatten().tolist()
-                    ids = [batch_state["ids"][i] for i in bad][:3]
-                    raise NonFiniteError(
-                        f"NaN or inf in {component} at layer {layer} (examples {ids}). Check the model's "
-                        "weights (e.g. a broken quantization) or use float32."
-                    )
-                stats[f"{component}/{reducer}"][li].append(value.cpu())
-            if name == batch_state["last"]:
-                raise _StopForward
-
-        return consume
-
-    consumers = []
-    for li, layer in enumerate(layer_list):
-        for component in dict.fromkeys(c for c, _, _ in pairs):
-            wanted = [r for c, r, _ in pairs if c == component]
-            name = hk.hook_point(model, component, layer)
-            consumers.append((component, layer, name, make_consumer(component, li, layer, wanted, name)))
-
-    # Without hooks of the caller's own, the probe reads the bridge-free Hugging Face tree
-    # (hk.native_model: same numbers, no wrapper dispatch, HF's own attention); otherwise,
-    # or for an unknown module layout, the bridge's hook points.
-    run_to_end = bool(extra_hooks) or with_nll
-    plan = None
-    if native is not False and not extra_hooks and not hk.hooks_active(model):
-        tree = hk.native_model(model)
-        taps = [hk.native_tap(model, tree, c, layer) for c, layer, _, _ in consumers]
-        if all(t is not None for t in taps):
-            plan = (tree, taps)
-    if native and plan is None:
-        raise InterpError("native=True needs no extra_hooks, no hooks registered on the model, and a "
-                          "llama-style or Gemma-3 model; use native=None to fall back to the bridge.")
-    if plan is not None:
-        tree, taps = plan
-        forward = tree
-        context = _native_hooks([(tap, consume) for tap, (_, _, _, consume) in zip(taps, consumers)])
-    else:
-        forward = model.original_model
-        fwd_hooks = [*extra_hooks, *((name, _bridge_hook(consume)) for _, _, name, consume in consumers)]
-        context = model.hooks(fwd_hooks=fwd_hooks)
-
-    # A two-token dry run records the order the hooks fire in (cheap, and architecture-agnostic);
-    # every real batch then stops right after the last requested hook, skipping the remaining
-    # layers and the unembed. (Not with extra hooks, whose effects a caller may want downstream.)
-    batch_state.update(last=None, fired=[], dry=False)
-    nll_chunks: list[torch.Tensor] = []
+    run = _ProbeRun(model, pairs, layer_list, exclude_bos)
+    forward, context = run.attach(extra_hooks, native)
     bar = tqdm(total=n, desc="probe", unit="ex", disable=not show_progress(progress))
+    nll_chunks: list[torch.Tensor] = []
     with torch.no_grad(), context:
-        if not run_to_end:
-            batch_state["dry"] = True
-            try:
-                forward(input_ids=examples.tokens[:1, :2].to(_device(model)))
-            finally:
-                batch_state["dry"] = False
-            batch_state["last"] = batch_state["fired"][-1] if batch_state["fired"] else None
+        if not (extra_hooks or with_nll):  # else the forward must run to the end
+            run.find_last_hook(forward, examples.tokens[:1, :2].to(_device(model)))
         for start, end in batches(n, batch_size):
-            batch_state["ids"] = examples.ids[start:end]
+            run.ids = examples.ids[start:end]
             tokens = examples.tokens[start:end].to(_device(model))
             try:
                 out = forward(input_ids=tokens)
@@ -420,15 +345,116 @@ def probe(
                 pass
             bar.update(end - start)
     bar.close()
-    stacked = {name: torch.stack([torch.cat(chunks) for chunks in per_layer])
-               for name, per_layer in stats.items()}
     settings = {
         "model": getattr(getattr(model, "info", None), "name", "model"),
         "components": list(components), "reducers": list(reducers), "batch_size": batch_size,
         "exclude_bos": exclude_bos, "examples": dict(examples.settings),
     }
-    return ProbeResult(stats=stacked, layers=layer_list, ids=list(examples.ids), settings=settings,
+    return ProbeResult(stats=run.stacked(), layers=layer_list, ids=list(examples.ids), settings=settings,
                        nll=torch.cat(nll_chunks) if with_nll else None)
+
+
+def _pairs(model: Any, components: Sequence[str], reducers: Sequence[str], layers: list[int]) -> list[tuple[str, str]]:
+    """The validated (component, reducer) pairs: each reducer applies to every component it fits."""
+    pairs = []
+    for component in components:
+        for layer in layers:
+            hk.hook_point(model, component, layer)  # validates
+        fitting = [r for r in reducers if r == "full" or (r in ATTENTION_REDUCERS) == (component == "pattern")]
+        if not fitting:
+            _check_pair(component, reducers[0])
+        for reducer in fitting:
+            _check_pair(component, reducer)
+            pairs.append((component, reducer))
+    if not pairs:
+        raise ComponentError("Nothing to probe: give at least one component and reducer.")
+    return pairs
+
+
+class _ProbeRun:
+    """The reducing consumers of one probe call, and how they are attached to the model."""
+
+    def __init__(self, model: Any, pairs: list[tuple[str, str]], layers: list[int], exclude_bos: bool) -> None:
+        self.model, self.exclude_bos = model, exclude_bos
+        self.stats: dict[str, list[list[torch.Tensor]]] = {f"{c}/{r}": [[] for _ in layers] for c, r in pairs}
+        self.ids: list[str] = []
+        self.dry = False
+        self.last: str | None = None
+        self.fired: list[str] = []
+        self.consumers: list[tuple[str, int, str, Callable[[torch.Tensor], None]]] = []
+        for li, layer in enumerate(layers):
+            for component in dict.fromkeys(c for c, _ in pairs):
+                wanted = [r for c, r in pairs if c == component]
+                name = hk.hook_point(model, component, layer)
+                self.consumers.append((component, layer, name, self._consumer(component, li, layer, wanted, name)))
+
+    def _consumer(self, component: str, li: int, layer: int, wanted: list[str], name: str
+                  ) -> Callable[[torch.Tensor], None]:
+        act = hk.activation_fn(self.model, layer) if component == "gate" else None
+        tables = [(reducer, self.stats[f"{component}/{reducer}"][li]) for reducer in wanted]
+
+        def consume(x: torch.Tensor) -> None:
+            if self.dry:
+                self.fired.append(name)
+                return
+            x = x.detach()
+            if component == "head" and x.ndim == 3:  # the native tap sees o_proj's flat input
+                x = x.view(*x.shape[:2], self.model.cfg.n_heads, -1)
+            if act is not None:
+                x = act(x)
+            for reducer, table in tables:
+                value = REDUCERS[reducer](x.float() if reducer != "full" else x, self.exclude_bos)
+                if reducer != "full":
+                    self._check_finite(value, component, layer)
+                table.append(value.cpu())
+            if name == self.last:
+                raise _StopForward
+
+        return consume
+
+    def _check_finite(self, value: torch.Tensor, component: str, layer: int) -> None:
+        if torch.isfinite(value).all():
+            return
+        bad = torch.nonzero(~torch.isfinite(value.reshape(value.shape[0], -1)).all(dim=1)).flatten().tolist()
+        raise NonFiniteError(
+            f"NaN or inf in {component} at layer {layer} (examples {[self.ids[i] for i in bad][:3]}). Check the "
+            "model's weights (e.g. a broken quantization) or use float32."
+        )
+
+    def attach(self, extra_hooks: Sequence[tuple[str, Callable[..., Any]]], native: bool | None
+               ) -> tuple[Callable[..., Any], Any]:
+        """``(forward, context)``: without hooks of the caller's own, the consumers sit on the
+        bridge-free Hugging Face tree (same numbers, no wrapper dispatch, HF's own attention);
+        otherwise, or for an unknown module layout, on the bridge's hook points."""
+        model = self.model
+        taps = None
+        if native is not False and not extra_hooks and not hk.hooks_active(model):
+            tree = hk.native_model(model)
+            found = [hk.native_tap(model, tree, c, layer) for c, layer, _, _ in self.consumers]
+            if all(t is not None for t in found):
+                taps = [(tap, consume) for tap, (_, _, _, consume) in zip(found, self.consumers, strict=True)]
+        if native and taps is None:
+            raise InterpError("native=True needs no extra_hooks, no hooks registered on the model, and a "
+                              "llama-style or Gemma-3 model; use native=None to fall back to the bridge.")
+        if taps is not None:
+            return tree, _native_hooks(taps)
+        fwd_hooks = [*extra_hooks, *((name, _bridge_hook(consume)) for _, _, name, consume in self.consumers)]
+        return model.original_model, model.hooks(fwd_hooks=fwd_hooks)
+
+    def find_last_hook(self, forward: Callable[..., Any], tokens: torch.Tensor) -> None:
+        """A two-token dry run records the order the consumers fire in (cheap, and
+        architecture-agnostic); every real batch then stops right after the last one,
+        skipping the remaining layers and the unembed."""
+        self.dry, self.fired = True, []
+        try:
+            forward(input_ids=tokens)
+        finally:
+            self.dry = False
+        self.last = self.fired[-1] if self.fired else None
+
+    def stacked(self) -> dict[str, torch.Tensor]:
+        return {name: torch.stack([torch.cat(chunks) for chunks in per_layer])
+                for name, per_layer in self.stats.items()}
 
 
 def _device(model: Any) -> torch.device:

@@ -25,11 +25,12 @@ import html
 import json
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go

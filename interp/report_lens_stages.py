@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from interp.report import ReportContext, Stage, StageOutput
 from interp.report_quant_stages import _patch_spec, _quantized, _split
 

@@ -39,7 +39,8 @@ def _errors(ctx: ReportContext) -> pd.DataFrame:
 
     if "errors" not in ctx.cache:
         needs_cal = any("gptq" in m or "awq" in m for m in ctx.settings.methods)
-        ctx.cache["errors"] = score(ctx.model, list(ctx.settings.methods), ctx.examples, store=ctx.out / "scores.sqlite",
+        ctx.cache["errors"] = score(ctx.model, list(ctx.settings.methods), ctx.examples,
+                                    store=ctx.out / "scores.sqlite",
                                     calibration=ctx.calibration if needs_cal else None,
                                     batch_size=ctx.settings.batch_size, progress=ctx.progress,
                                     cache_dir=quantized_cache_dir())

@@ -97,10 +97,9 @@ def token_nll_fn(model: Any) -> Any:
     hooks registered, or for models without a llama-style body and head, it scores the
     full logits of the hooked forward.
     """
+    from interp import hooks as hk
     from interp.errors import ComponentError
     from interp.lens import Readout
-
-    from interp import hooks as hk
 
     if hk.hooks_active(model):  # hooks (on the head, too) must fire: the plain hooked forward
         return lambda tokens: token_nll(model_logits(model, tokens), tokens)

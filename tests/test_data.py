@@ -27,7 +27,7 @@ def test_wiki_has_the_bundled_documents():
 def test_rows_are_bos_plus_document_prefix(tok):
     ex = load_examples("wiki", tok, n=5, seq_len=40, seed=1)
     assert ex.tokens.shape == (5, 40) and ex.tokens.dtype == torch.long
-    for row, text in zip(ex.tokens, ex.texts):
+    for row, text in zip(ex.tokens, ex.texts, strict=True):
         assert int(row[0]) == tok.bos_token_id
         expected = tok(text, add_special_tokens=False)["input_ids"][:39]
         assert row[1:].tolist() == expected

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import interp
-from interp.hooks import native_model
 from interp import models
 from interp.errors import ModelLoadError
+from interp.hooks import native_model
 
 pytestmark = pytest.mark.integration
 

@@ -103,7 +103,7 @@ def test_real_probe_norms_equal_manual_cache(smol, wiki_small):
     ex = wiki_small.subset(range(4))
     layers = [0, 14, 29]
     res = probe(smol, ex, ["resid_mid", "resid_post", "h", "gate"], ["norm"], layers=layers, progress=False)
-    names = [f"blocks.{l}.{p}" for l in layers for p in ("hook_resid_mid", "hook_resid_post")]
+    names = [f"blocks.{i}.{p}" for i in layers for p in ("hook_resid_mid", "hook_resid_post")]
     with torch.no_grad():
         _, cache = smol.run_with_cache(ex.tokens, names_filter=lambda n: n in names)
     for li, layer in enumerate(layers):
@@ -111,7 +111,8 @@ def test_real_probe_norms_equal_manual_cache(smol, wiki_small):
         r = cache[f"blocks.{layer}.hook_resid_mid"]
         # h by hand: RMSNorm with gamma, as the model defines it
         var = r.pow(2).mean(-1, keepdim=True)
-        h = r * torch.rsqrt(var + block.post_attention_layernorm.variance_epsilon) * block.post_attention_layernorm.weight
+        norm = block.post_attention_layernorm
+        h = r * torch.rsqrt(var + norm.variance_epsilon) * norm.weight
         gate = torch.nn.functional.silu(h @ block.mlp.gate_proj.weight.T)
         for name, act in [("resid_mid", r), ("resid_post", cache[f"blocks.{layer}.hook_resid_post"]),
                           ("h", h), ("gate", gate)]:

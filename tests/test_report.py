@@ -59,6 +59,44 @@ def test_rerun_resumes_without_recomputing(quick_report):
     assert time.time() - began < first_seconds
 
 
+def _numbers(report: Path) -> tuple[dict, dict[str, str]]:
+    """Everything a report measured: results.json without wall times, and every table."""
+    def drop_times(value):
+        if isinstance(value, dict):
+            return {k: drop_times(v) for k, v in value.items() if "second" not in k}
+        if isinstance(value, list):
+            return [drop_times(v) for v in value]
+        return value
+
+    results = drop_times(json.loads((report / "results.json").read_text()))
+    tables = {str(p.relative_to(report)): p.read_text() for p in sorted(report.glob("tables/**/*.csv"))}
+    return results, tables
+
+
+def test_two_fresh_reports_give_identical_numbers(quick_report, tmp_path):
+    """A second run from scratch, in a fresh folder and with no cached quantized models,
+    reproduces every number and table of the first exactly (not just within a tolerance)."""
+    from interp import models
+
+    out, _ = quick_report
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for entry in models.cache_dir().iterdir():  # reuse the converted model, not the quantized copies
+        if entry.name != "quantized":
+            (cache / entry.name).symlink_to(entry)
+    env = {**os.environ, "INTERP_CACHE": str(cache)}
+    cmd = [sys.executable, "-m", "interp", "report", "--quick", "--out", str(tmp_path / "again"), "--quiet",
+           "--no-static"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (cache / "quantized").is_dir()  # the quantized models really were made again
+    first, second = _numbers(out), _numbers(tmp_path / "again")
+    assert first[1] and first[1].keys() == second[1].keys()
+    for name in first[1]:
+        assert first[1][name] == second[1][name], name
+    assert first[0] == second[0]
+
+
 def test_killed_report_resumes(tmp_path, smol):
     """kill -9 during the attention stage; the rerun keeps the finished probes stage."""
     out = tmp_path / "killed"

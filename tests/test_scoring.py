@@ -73,8 +73,8 @@ def test_nll_follows_registered_hooks_and_weight_edits(tiny_llama):
     try:
         with torch.no_grad():
             down.weight.mul_(0.0)
-            with torch.no_grad():
-                edited_full = token_nll(tiny_llama.original_model(input_ids=tokens).logits, tokens).double().mean(1).float()
+            edited_logits = tiny_llama.original_model(input_ids=tokens).logits
+            edited_full = token_nll(edited_logits, tokens).double().mean(1).float()
         torch.testing.assert_close(interp.nll(tiny_llama, ex), edited_full, rtol=0, atol=1e-5)
     finally:
         with torch.no_grad():

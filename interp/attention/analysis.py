@@ -18,8 +18,9 @@ Reading the result:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -27,6 +28,9 @@ import torch
 from interp import hooks as hk
 from interp.data import Examples
 from interp.probes import probe
+
+if TYPE_CHECKING:
+    from interp.attention.saobp import Mode
 
 METRICS = ("entropy", "entropy_norm", "gtd", "sink_share", "effective_span")
 LABELS = {
@@ -80,10 +84,11 @@ class AttentionResult:
         for variant in self.variants:
             rows = layer[layer["variant"] == variant]
             summary["by_layer"][variant] = {m: rows[f"{m}_mean"].round(6).tolist() for m in METRICS}
-        if self.delta_nll is not None:
-            summary["nll_reference_mean"] = float(self.nll_reference.mean())
-            summary["nll_saobp_mean"] = float(self.nll_saobp.mean())
-            summary["delta_nll_mean"] = float(self.delta_nll.mean())
+        nll_ref, nll_saobp = self.nll_reference, self.nll_saobp
+        if nll_ref is not None and nll_saobp is not None:  # i.e. delta_nll is not None
+            summary["nll_reference_mean"] = float(nll_ref.mean())
+            summary["nll_saobp_mean"] = float(nll_saobp.mean())
+            summary["delta_nll_mean"] = float((nll_saobp - nll_ref).mean())
         return summary
 
     def figure(self, metric: str = "entropy") -> Any:
@@ -117,7 +122,7 @@ def analyze(
     examples: Examples,
     saobp_beta: float | torch.Tensor | None = None,
     layers: Sequence[int] | None = None,
-    mode: str = "exact",
+    mode: Mode = "exact",
     batch_size: int = 8,
     with_nll: bool = True,
     progress: bool | None = None,
@@ -141,7 +146,7 @@ def analyze(
     from interp.attention.saobp import saobp_hook
 
     layer_list = hk.check_layers(model, layers)
-    kwargs = dict(batch_size=batch_size, layers=layer_list, progress=progress)
+    kwargs: dict[str, Any] = dict(batch_size=batch_size, layers=layer_list, progress=progress)
     reference = probe(model, examples, ["pattern"], list(METRICS), with_nll=with_nll and saobp_beta is not None,
                       **kwargs)
     table = _table(reference, "reference")
@@ -160,13 +165,13 @@ def analyze(
 
 
 def capture_patterns(model: Any, tokens: torch.Tensor, layers: Sequence[int], saobp_beta: float | None = None,
-                     mode: str = "exact") -> dict[int, torch.Tensor]:
+                     mode: Mode = "exact") -> dict[int, torch.Tensor]:
     """Attention patterns ``[head, q, k]`` of one token row at ``layers`` (for attention-map figures)."""
     from interp.attention.saobp import saobp_hook
 
     layer_list = hk.check_layers(model, layers)
     captured: dict[int, torch.Tensor] = {}
-    fwd_hooks = []
+    fwd_hooks: list[tuple[str, Callable[..., Any]]] = []
     for layer in layer_list:
         name = hk.hook_point(model, "pattern", layer)
         if saobp_beta is not None:

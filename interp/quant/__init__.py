@@ -33,7 +33,7 @@ __all__ = [
 _LAZY = {"quantize_weight", "relative_error", "relative_output_error"}
 
 
-def __getattr__(name: str) -> Any:
+def _methods_getattr(name: str) -> Any:
     if name in _LAZY:
         from interp.quant import methods
 
@@ -49,10 +49,9 @@ _LAZY_MODULES = {
     "reversal": "analysis",
 }
 __all__ += list(_LAZY_MODULES)
-_methods_getattr = __getattr__
 
 
-def __getattr__(name: str) -> Any:  # noqa: F811 - extends the lazy loader above
+def __getattr__(name: str) -> Any:  # the lazy loader: whole-model modules, then the quantizers above
     if name in _LAZY_MODULES:
         import importlib
 
