@@ -116,9 +116,9 @@ def cmd_score(args: argparse.Namespace) -> int:
 
         return cli_score(args)
     from interp.cli import load_model_and_examples
-    from interp.io import ensure_writable_dir, write_json
+    from interp.io import ensure_writable_dir
     from interp.quant import parse_spec
-    from interp.quant.store import ScoreStore, score
+    from interp.quant.store import score
 
     _threads(args)
     specs = [parse_spec(s) for s in split_specs(args.methods)]
@@ -128,20 +128,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     calibration = _calibration(args, model, specs)
     errors = score(model, specs, examples, store=out, calibration=calibration, batch_size=args.batch_size,
                    kl=args.kl, progress=not args.quiet and None)
-    errors.to_csv(out / "errors.csv")
-    with ScoreStore(out) as st:
-        st.nll_frame(ids=examples.ids).to_csv(out / "nll.csv")
-        if args.kl:
-            st.kl_frame(ids=examples.ids).to_csv(out / "kl.csv")
-    write_json(out / "settings.json", {
-        "model": args.model, "model_info": model.info.to_dict(), "examples": examples.settings,
-        "calibration": None if calibration is None else {**calibration.settings, "ids": calibration.ids},
-        "specs": [str(s) for s in specs], "batch_size": args.batch_size, "kl": args.kl,
-        "quantizer_timing": _timings(out / "quantized"),
-    })
-    print(errors.describe().T.to_string(float_format="{:.4f}".format))
-    print(f"\n{len(examples)} examples x {examples.seq_len} tokens, {len(specs)} specs, {time.time() - start:.0f} s. "
-          f"Saved to {out}/ (scores.sqlite, errors.csv, nll.csv, settings.json)")
+    save_score_outputs(out, args, model, examples, calibration, specs, errors, start)
     return 0
 
 
@@ -216,3 +203,29 @@ def _reversal_specs(text: str) -> list[str] | None:
     if text.strip().lower() == "none":
         return []
     return split_specs(text)
+
+
+def save_score_outputs(out: Any, args: argparse.Namespace, model: Any, examples: Any, calibration: Any,
+                       specs: list[Any], errors: Any, start: float, **extra: Any) -> None:
+    """What ``interp score`` leaves in ``out`` (errors/nll/kl CSVs, settings.json) and prints.
+
+    ``extra`` goes into settings.json (e.g. ``world_size`` for the torchrun version).
+    """
+    from interp.io import write_json
+    from interp.quant.store import ScoreStore
+
+    errors.to_csv(out / "errors.csv")
+    with ScoreStore(out) as st:
+        st.nll_frame(ids=examples.ids).to_csv(out / "nll.csv")
+        if args.kl:
+            st.kl_frame(ids=examples.ids).to_csv(out / "kl.csv")
+    write_json(out / "settings.json", {
+        "model": args.model, "model_info": model.info.to_dict(), "examples": examples.settings,
+        "calibration": None if calibration is None else {**calibration.settings, "ids": calibration.ids},
+        "specs": [str(s) for s in specs], "batch_size": args.batch_size, "kl": args.kl,
+        **extra, "quantizer_timing": _timings(out / "quantized"),
+    })
+    print(errors.describe().T.to_string(float_format="{:.4f}".format))
+    ranks = f", {extra['world_size']} ranks" if "world_size" in extra else ""
+    print(f"\n{len(examples)} examples x {examples.seq_len} tokens, {len(specs)} specs{ranks}, "
+          f"{time.time() - start:.0f} s. Saved to {out}/ (scores.sqlite, errors.csv, nll.csv, settings.json)")

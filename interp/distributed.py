@@ -290,10 +290,9 @@ def cli_score(args: Any) -> int:
     import time
 
     import interp
-    from interp.cli_quant import _calibration, _timings, split_specs
-    from interp.io import ensure_writable_dir, write_json
+    from interp.cli_quant import _calibration, save_score_outputs, split_specs
+    from interp.io import ensure_writable_dir
     from interp.quant import parse_spec
-    from interp.quant.store import ScoreStore
 
     rank, _, size = world()
     if getattr(args, "threads", None):
@@ -311,19 +310,5 @@ def cli_score(args: Any) -> int:
                                progress=(not args.quiet and None) if rank == 0 else False)
     if errors is None:
         return 0
-    errors.to_csv(out / "errors.csv")
-    with ScoreStore(out) as st:
-        st.nll_frame(ids=examples.ids).to_csv(out / "nll.csv")
-        if args.kl:
-            st.kl_frame(ids=examples.ids).to_csv(out / "kl.csv")
-    write_json(out / "settings.json", {
-        "model": args.model, "model_info": model.info.to_dict(), "examples": examples.settings,
-        "calibration": None if calibration is None else {**calibration.settings, "ids": calibration.ids},
-        "specs": [str(s) for s in specs], "batch_size": args.batch_size, "kl": args.kl,
-        "world_size": size, "quantizer_timing": _timings(out / "quantized"),
-    })
-    print(errors.describe().T.to_string(float_format="{:.4f}".format))
-    print(f"\n{len(examples)} examples x {examples.seq_len} tokens, {len(specs)} specs, {size} ranks, "
-          f"{time.time() - start:.0f} s. Saved to {out}/ (scores.sqlite, scores.rank*.sqlite, errors.csv, "
-          "nll.csv, settings.json)")
+    save_score_outputs(out, args, model, examples, calibration, specs, errors, start, world_size=size)
     return 0

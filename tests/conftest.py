@@ -64,3 +64,36 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     return NetworkBlocked
+
+
+# Shared by test_lens and test_patching: a tiny llama reference and its 3-bit RTN copy
+# (embeddings and head untouched), and a few token rows.
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny-model ops are dominated by thread hand-offs on a loaded 2-core machine (20x slower)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def pair(one_thread):
+    import interp
+    from interp.quant.apply import quantize
+
+    reference = interp.tiny_model("llama", seed=0, n_layers=4)
+    return reference, quantize(reference, "rtn:bits=3,group=64", progress=False)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    import torch
+
+    import interp
+
+    return interp.Examples.from_tokens(torch.randint(0, 256, (5, 12), generator=torch.Generator().manual_seed(0)))

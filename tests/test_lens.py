@@ -12,28 +12,7 @@ from interp import lens
 from interp.errors import ComponentError, InterpError
 from interp.scoring import token_nll
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny-model ops are dominated by thread hand-offs on a loaded 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def pair():
-    """A tiny llama reference and its 3-bit RTN copy (the same pair as in test_patching)."""
-    from interp.quant.apply import quantize
-
-    reference = interp.tiny_model("llama", seed=0, n_layers=4)
-    return reference, quantize(reference, "rtn:bits=3,group=64", progress=False)
-
-
-@pytest.fixture(scope="module")
-def rows():
-    return interp.Examples.from_tokens(torch.randint(0, 256, (5, 12), generator=torch.Generator().manual_seed(0)))
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixtures pair/rows/one_thread: conftest.py
 
 
 # ---------------------------------------------------------------------------------------
