@@ -146,7 +146,7 @@ def _patch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiments", default="table,gate-input",
                    help=f"comma-separated: {','.join(PATCH_EXPERIMENTS)}")
     p.add_argument("--layers", default="upper_half",
-                   help="table and gate-input layers: upper_half, lower_half, all, or e.g. 15,16,17")
+                   help="table, gate-input and sweep layers: upper_half, lower_half, all, or e.g. 15,16,17")
     p.add_argument("--components", default="attn_out,gate,up,down,gate_input", help="table and sweep components")
     p.add_argument("--max-rows", type=int, default=64, help="most rows (examples x stacked patches) per forward")
 
@@ -183,7 +183,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
         _show("Gate input vs gate weights", comparison.table())
     sweep = None
     if "sweep" in experiments:
-        sweep = patching.layer_sweep(reference, quantized, d_large, components, **engine)
+        sweep = patching.layer_sweep(reference, quantized, d_large, components, _layers(args.layers), **engine)
         _write(out, "layer_sweep", sweep.table(), sweep.figure())
         _show("Per-layer sweep", sweep.table())
     if "attribution" in experiments:

@@ -67,7 +67,11 @@ def stage_patching(ctx: ReportContext) -> StageOutput:
     bs = ctx.settings.batch_size
     table_result = patching_table(ctx.model, quantized, split.large, batch_size=bs, progress=ctx.progress)
     gate = gate_input_vs_gate_weights(ctx.model, quantized, split.large, batch_size=bs, progress=ctx.progress)
-    sweep = layer_sweep(ctx.model, quantized, split.large, batch_size=bs, progress=ctx.progress)
+    # one layer at a time over the upper half, where the paper's table patches (the lower half
+    # adds 75 patches of ~23 layers each and doubles the stage's time; `interp patch
+    # --experiments sweep --layers all` covers every layer)
+    sweep = layer_sweep(ctx.model, quantized, split.large, layers="upper_half", batch_size=bs,
+                        progress=ctx.progress)
     table = table_result.table()
     out = StageOutput(tables={"patching_upper_half": table, "gate_input_vs_weights": gate.table(),
                               "layer_sweep": sweep.table()},

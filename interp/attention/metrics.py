@@ -226,6 +226,8 @@ def sink_share(pattern: Pattern, sink: int = 0) -> PerQuery:
 def _walk_mixture(pattern: Tensor, hops: int, alpha: float) -> Tensor:
     """``sum_{m=2..hops} alpha^(m-2) A^m`` divided by the sum of its weights."""
     power = pattern @ pattern
+    if hops == 2:
+        return power
     mixture = power.clone()
     weight_sum = 1.0
     for m in range(3, hops + 1):
@@ -263,5 +265,6 @@ def gtd(pattern: Pattern, hops: int = 2, alpha: float = 1.0) -> PerQuery:
     if not alpha >= 0:
         raise InterpError(f"alpha must be >= 0 (the weight of each extra hop), got {alpha!r}.")
     work = _working_dtype(pattern)
-    distance = 0.5 * (work - _walk_mixture(work, hops, alpha)).abs().sum(-1)
-    return distance.clamp(0.0, 1.0)
+    # the mixture is a fresh buffer: subtract, abs and halve in place (no 3 extra [.., q, k] copies)
+    distance = _walk_mixture(work, hops, alpha).sub_(work).abs_().sum(-1).mul_(0.5)
+    return distance.clamp_(0.0, 1.0)
