@@ -325,7 +325,7 @@ def probe(
     if full_bytes:
         check_memory(full_bytes, "Keeping full activations", memory_fraction)
 
-    run = _ProbeRun(model, pairs, layer_list, exclude_bos)
+    run = _ProbeRun(model, pairs, layer_list, exclude_bos, n)
     forward, context = run.attach(extra_hooks, native)
     bar = tqdm(total=n, desc="probe", unit="ex", disable=not show_progress(progress))
     nll_chunks: list[torch.Tensor] = []
@@ -333,7 +333,7 @@ def probe(
         if not (extra_hooks or with_nll):  # else the forward must run to the end
             run.find_last_hook(forward, examples.tokens[:1, :2].to(_device(model)))
         for start, end in batches(n, batch_size):
-            run.ids = examples.ids[start:end]
+            run.ids, run.offset = examples.ids[start:end], start
             tokens = examples.tokens[start:end].to(_device(model))
             try:
                 out = forward(input_ids=tokens)
@@ -374,9 +374,13 @@ def _pairs(model: Any, components: Sequence[str], reducers: Sequence[str], layer
 class _ProbeRun:
     """The reducing consumers of one probe call, and how they are attached to the model."""
 
-    def __init__(self, model: Any, pairs: list[tuple[str, str]], layers: list[int], exclude_bos: bool) -> None:
+    def __init__(self, model: Any, pairs: list[tuple[str, str]], layers: list[int], exclude_bos: bool,
+                 n_examples: int) -> None:
         self.model, self.exclude_bos = model, exclude_bos
-        self.stats: dict[str, list[list[torch.Tensor]]] = {f"{c}/{r}": [[] for _ in layers] for c, r in pairs}
+        # [n_layers, N, ...] tables, allocated at the first value (its trailing shape) and
+        # filled in place: no per-batch tensors pile up between the forward's big buffers
+        self.stats: dict[str, torch.Tensor] = {}
+        self.n_layers, self.n_examples, self.offset = len(layers), n_examples, 0
         self.ids: list[str] = []
         self.dry = False
         self.last: str | None = None
@@ -391,7 +395,7 @@ class _ProbeRun:
     def _consumer(self, component: str, li: int, layer: int, wanted: list[str], name: str
                   ) -> Callable[[torch.Tensor], None]:
         act = hk.activation_fn(self.model, layer) if component == "gate" else None
-        tables = [(reducer, self.stats[f"{component}/{reducer}"][li]) for reducer in wanted]
+        keys = [(reducer, f"{component}/{reducer}") for reducer in wanted]
 
         def consume(x: torch.Tensor) -> None:
             if self.dry:
@@ -402,11 +406,11 @@ class _ProbeRun:
                 x = x.view(*x.shape[:2], self.model.cfg.n_heads, -1)
             if act is not None:
                 x = act(x)
-            for reducer, table in tables:
+            for reducer, key in keys:
                 value = REDUCERS[reducer](x.float() if reducer != "full" else x, self.exclude_bos)
                 if reducer != "full":
                     self._check_finite(value, component, layer)
-                table.append(value.cpu())
+                self._store(key, li, value)
             if name == self.last:
                 raise _StopForward
 
@@ -452,9 +456,16 @@ class _ProbeRun:
             self.dry = False
         self.last = self.fired[-1] if self.fired else None
 
+    def _store(self, key: str, li: int, value: torch.Tensor) -> None:
+        table = self.stats.get(key)
+        if table is None:
+            shape = (self.n_layers, self.n_examples, *value.shape[1:])
+            table = self.stats[key] = (torch.full(shape, math.nan, dtype=value.dtype) if value.is_floating_point()
+                                       else torch.zeros(shape, dtype=value.dtype))
+        table[li, self.offset : self.offset + value.shape[0]] = value
+
     def stacked(self) -> dict[str, torch.Tensor]:
-        return {name: torch.stack([torch.cat(chunks) for chunks in per_layer])
-                for name, per_layer in self.stats.items()}
+        return self.stats
 
 
 def _device(model: Any) -> torch.device:
