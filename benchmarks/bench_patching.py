@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -102,7 +103,7 @@ def child(scenario: str, method: str, args: argparse.Namespace, out: Path) -> No
             values = result.values - result.target
     record = {"cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall,
               "peak_mib": _peak_mib(), "models_mib": baseline, "n_patches": int(values.shape[0])}
-    torch.save(values, out / f"{scenario}-{method}.pt")
+    save_file({"values": values.contiguous()}, str(out / f"{scenario}-{method}.safetensors"))
     (out / f"{scenario}-{method}.json").write_text(json.dumps(record))
 
 
@@ -111,7 +112,7 @@ def _run_child(scenario: str, method: str, args: argparse.Namespace, out: Path) 
            "--seq-len", str(args.seq_len), "--threads", str(args.threads)]
     subprocess.run(cmd, check=True, cwd=ROOT)
     record = json.loads((out / f"{scenario}-{method}.json").read_text())
-    record["values"] = torch.load(out / f"{scenario}-{method}.pt")
+    record["values"] = load_file(str(out / f"{scenario}-{method}.safetensors"))["values"]
     print(f"  {scenario:9s} {method:11s} {record['wall_s']:8.1f} s wall {record['cpu_s']:8.1f} s cpu", flush=True)
     return record
 
@@ -174,8 +175,7 @@ def _report(rows: list, attribution_line: str, args: argparse.Namespace) -> str:
         "# Benchmark: patching engine vs the one-forward-per-patch loop",
         "",
         f"Output of `python benchmarks/bench_patching.py --n {args.n} --seq-len {args.seq_len} "
-        f"--threads {args.threads}` on the project's shared 2-core CPU machine (other jobs running: expect "
-        "+-30% run to run). torch "
+        f"--threads {args.threads}` on the project's 2-core CPU VM (timings move 5-10% run to run). torch "
         f"{torch.__version__}, {args.threads} thread(s), {platform.machine()}. Target: SmolLM2-135M with `{SPEC}` "
         "(interp.quant.quantize); source: the reference. Each run is its own process; peak memory is ru_maxrss, "
         "and \"above models\" subtracts the peak after both models were loaded.",
@@ -197,11 +197,13 @@ def _report(rows: list, attribution_line: str, args: argparse.Namespace) -> str:
         "the target's block inputs once per batch and starts each patched run at its patched layer, so a",
         "single-layer sweep over all L layers runs (L + 1) / 2 blocks per patch on average instead of L; patches",
         "with the same start layer are stacked into one forward, and patches starting higher join it at their",
-        "layer. The unembedding (49,152 x 576, about 8 blocks' worth of multiply-adds for SmolLM2) still runs",
-        "once per patch, so for the full 30-layer sweep the arithmetic bound is (30 + 8) / (15.5 + 8) = 1.6x;",
-        "the upper-half sweep's bound is (30 + 8) / (8 + 8) = 2.4x. Short prompts gain most from stacking, where",
-        "per-call overhead, not arithmetic, dominates. Differences are float rounding only (identical code",
-        "paths give bitwise-equal values).",
+        "layer. Unpatched layers run bridge-free (interp.hooks.native_model, bit-identical), and the NLL is read",
+        "by vocabulary slices with a running log-sum-exp instead of full logits. The unembedding (49,152 x 576,",
+        "about 8 blocks' worth of multiply-adds for SmolLM2) still runs once per patch: with equal per-block and",
+        "unembedding costs the full 30-layer sweep is bounded by (30 + 8) / (15.5 + 8) = 1.6x and the",
+        "upper-half sweep by (30 + 8) / (8 + 8) = 2.4x; the cheaper head and blocks lift both a little above",
+        "that. Short prompts gain most from stacking, where per-call overhead, not arithmetic, dominates.",
+        "Differences are float rounding only.",
         "",
     ]
     return "\n".join(lines)
