@@ -185,10 +185,20 @@ def _esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
+def _timing(outputs: dict[str, StageOutput], this_run: float) -> str:
+    """Compute time of all stages (across resumed runs), and this run's wall time if it differs."""
+    computed = sum(o.seconds for o in outputs.values())
+    if abs(computed - this_run) < max(5.0, 0.05 * computed):
+        return f"computed in {computed:.0f} s"
+    return f"stages computed in {computed:.0f} s; this run took {this_run:.0f} s (finished stages were reused)"
+
+
 def _table_html(table: pd.DataFrame, max_rows: int = 40) -> str:
     shown = table.head(max_rows)
+    numeric = [pd.api.types.is_numeric_dtype(dtype) for dtype in shown.dtypes]
+    mostly_text = bool(numeric) and numeric.count(False) > len(numeric) / 2  # sentences read better left-aligned
     body = shown.to_html(index=False, escape=True, float_format=lambda v: f"{v:.4g}", border=0,
-                         classes="data")
+                         classes="data text" if mostly_text else "data")
     more = f"<p class='more'>{len(table) - max_rows} more rows in the CSV.</p>" if len(table) > max_rows else ""
     return body + more
 
@@ -201,6 +211,7 @@ section{background:#fff;border:1px solid #e3e3e3;border-radius:6px;padding:8px 2
 h2{border-bottom:1px solid #eee;padding-bottom:6px}nav a{margin-right:12px;color:#1f3b57}
 table.data{border-collapse:collapse;font-size:13px;margin:8px 0}table.data td,table.data th{padding:3px 8px;
 border-bottom:1px solid #eee;text-align:right}table.data th{background:#f3f5f7}
+table.data.text td,table.data.text th{text-align:left}
 .note{color:#555;font-size:14px}.more{color:#777;font-size:12px}.fig{margin:10px 0}
 .verdict-yes{color:#1a7f37;font-weight:600}.verdict-no{color:#b42318;font-weight:600}
 .verdict-partly{color:#9a6700;font-weight:600}
@@ -214,7 +225,7 @@ def render_html(settings: ReportSettings, stages: list[Stage], outputs: dict[str
              f"<style>{CSS}</style></head><body>",
              f"<header><h1>interp report: {_esc(settings.model)} on {_esc(settings.data)}</h1>",
              f"<div>{_esc(settings.n)} examples x {settings.seq_len} tokens, seed {settings.seed}; "
-             f"generated in {total_seconds:.0f} s</div></header><main>"]
+             f"{_timing(outputs, total_seconds)}</div></header><main>"]
     parts.append("<nav>" + "".join(f"<a href='#{s.name}'>{_esc(s.title)}</a>" for s in stages if s.name in outputs)
                  + "<a href='#reproduction'>Reproduction table</a><a href='#settings'>Settings</a></nav>")
     parts.append("<section id='reproduction'><h2>Reproduction table</h2><p class='note'>Each finding of the two "
