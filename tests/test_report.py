@@ -68,8 +68,14 @@ def _numbers(report: Path) -> tuple[dict, dict[str, str]]:
             return [drop_times(v) for v in value]
         return value
 
+    def without_time_columns(path: Path) -> str:
+        import pandas as pd
+
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)  # text as written: an exact comparison
+        return frame.drop(columns=[c for c in frame.columns if "second" in c.lower()]).to_csv(index=False)
+
     results = drop_times(json.loads((report / "results.json").read_text()))
-    tables = {str(p.relative_to(report)): p.read_text() for p in sorted(report.glob("tables/**/*.csv"))}
+    tables = {str(p.relative_to(report)): without_time_columns(p) for p in sorted(report.glob("tables/**/*.csv"))}
     return results, tables
 
 
