@@ -223,10 +223,10 @@ def quant_reproduction_rows(outputs: dict[str, Any]) -> list[tuple[str, str, str
         k = summary["kurtosis_large_below_ctrl"]
         rows.append((paper, "Residual kurtosis is lower for D_large", "lower for D_large",
                      f"lower in {k}/{layers} layers", "yes" if k > layers / 2 else "no"))
-        pct = summary["outlier_gamma_percentile_mean"]
+        share = summary["outlier_gamma_percentile_mean"]  # share of dims with a smaller |gamma|, in [0, 1]
         rows.append((paper, "Top-5 outlier dimensions get the smallest |gamma|", "smallest gamma",
-                     f"mean |gamma| percentile of outlier dims: {_f(pct, 1)}",
-                     "yes" if pct < 25 else ("partly" if pct < 50 else "no")))
+                     f"outlier dims' |gamma| at the {100 * share:.0f}th percentile on average (0 = smallest)",
+                     "yes" if share < 0.25 else ("partly" if share < 0.5 else "no")))
     for name in ("early_exit", "restoration", "patching"):
         output = outputs.get(name)
         if output is not None:
