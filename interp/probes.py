@@ -350,7 +350,7 @@ def probe(
         "components": list(components), "reducers": list(reducers), "batch_size": batch_size,
         "exclude_bos": exclude_bos, "examples": dict(examples.settings),
     }
-    return ProbeResult(stats=run.stacked(), layers=layer_list, ids=list(examples.ids), settings=settings,
+    return ProbeResult(stats=run.stats, layers=layer_list, ids=list(examples.ids), settings=settings,
                        nll=torch.cat(nll_chunks) if with_nll else None)
 
 
@@ -463,9 +463,6 @@ class _ProbeRun:
             table = self.stats[key] = (torch.full(shape, math.nan, dtype=value.dtype) if value.is_floating_point()
                                        else torch.zeros(shape, dtype=value.dtype))
         table[li, self.offset : self.offset + value.shape[0]] = value
-
-    def stacked(self) -> dict[str, torch.Tensor]:
-        return self.stats
 
 
 def _device(model: Any) -> torch.device:

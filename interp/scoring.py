@@ -1,9 +1,10 @@
 """Per-example next-token NLL, computed without materialising a full log-softmax.
 
 ``nll(x) = mean over t = 1..T-1 of -log p(x_t | x_<t)``: position 0 is BOS and is never a
-target. The log-probabilities come from a fused log-softmax + gather (``cross_entropy``) over
-position chunks, so no ``[batch, pos, vocab]`` log-softmax copy is made. Examples never share a row and are
-never padded, so an example's NLL does not depend on its batch (checked to 1e-4 in tests).
+target. No ``[batch, pos, vocab]`` log-softmax copy is made: :func:`token_nll` uses a fused
+log-softmax + gather (``cross_entropy``) over position chunks, and :func:`nll` decodes by
+vocabulary slices (:func:`token_nll_fn`). Examples never share a row and are never padded,
+so an example's NLL does not depend on its batch (checked to 1e-4 in tests).
 """
 
 from __future__ import annotations
@@ -91,23 +92,23 @@ def token_nll_fn(model: Any) -> Any:
     """``tokens -> [B, T-1]`` token NLL without a ``[B, T, vocab]`` logits tensor.
 
     With no hook registered, the bridge-free decoder body (:func:`interp.hooks.native_model`)
-    runs to its final normalised hidden state and the unembedding is applied a few rows at a
-    time with a fused log-softmax + gather (:class:`interp.lens.Readout`). This skips the
-    bridge's wrappers and writing and re-reading ~200 MB of logits per 8 x 128 batch. With
-    hooks registered, or for models without a llama-style body and head, it scores the
-    full logits of the hooked forward.
+    runs to its final normalised hidden state, and the unembedding is decoded one vocabulary
+    slice at a time with a running log-sum-exp (:meth:`interp.lens.Readout.token_nll`). This
+    skips the bridge's wrappers and writing and re-reading ~200 MB of logits per 8 x 128
+    batch. With hooks registered (they must fire, on the head too), or for models without a
+    llama-style body and head, it scores the full logits of the hooked forward.
     """
     from interp import hooks as hk
     from interp.errors import ComponentError
     from interp.lens import Readout
 
-    if hk.hooks_active(model):  # hooks (on the head, too) must fire: the plain hooked forward
-        return lambda tokens: token_nll(model_logits(model, tokens), tokens)
-    body = getattr(hk.native_model(model), "model", None)
-    try:
-        readout = Readout(model)
-    except ComponentError:
-        readout = None
+    readout = body = None
+    if not hk.hooks_active(model):
+        body = getattr(hk.native_model(model), "model", None)
+        try:
+            readout = Readout(model)
+        except ComponentError:
+            pass
     if readout is None or body is None:
         return lambda tokens: token_nll(model_logits(model, tokens), tokens)
 

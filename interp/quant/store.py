@@ -268,10 +268,11 @@ def _run_pass(store: ScoreStore, key: str, spec: str, model: Any, reference: Any
     if not todo:
         return
     score_batch = _scorer(model, reference)
+    device = next(model.original_model.parameters()).device
     for start, end in todo:
         tick = time.perf_counter()
         with torch.no_grad():
-            nll, kl = score_batch(examples.tokens[start:end].to(next(model.original_model.parameters()).device))
+            nll, kl = score_batch(examples.tokens[start:end].to(device))
         if not torch.isfinite(nll).all() or (kl is not None and not torch.isfinite(kl).all()):
             raise NonFiniteError(f"{spec} gave NaN/inf NLL or KL on examples {examples.ids[start:end][:3]}: "
                                  "check the quantized weights.")
