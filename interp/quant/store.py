@@ -199,6 +199,45 @@ class ScoreStore:
         return pd.DataFrame(rows.fetchall(),
                             columns=["id", "model", "spec", "first_example", "n", "seconds", "pid", "finished"])
 
+    def token_nll(self, spec: str, model: str | None = None, ids: Sequence[str] | None = None) -> pd.DataFrame:
+        """Per-token NLL of one spec (``"reference"`` included): index example, one column per target position.
+
+        Stored as parquet beside the SQLite file (``token_nll/<model>/<spec>/<batch>.parquet``), one
+        file per scored batch. Rows scored before per-token storage existed are absent.
+        """
+        folder = self._token_dir(self._model(model), spec)
+        files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+        if not files:
+            raise InterpError(f"The store {self.path} has no per-token NLL for {spec}; score it again with "
+                              "this version of interp (older stores kept only per-example means).")
+        frame = pd.concat([pd.read_parquet(f) for f in files])
+        frame = frame[~frame.index.duplicated(keep="last")]
+        frame.index.name = "example"
+        return frame.reindex(index=list(ids)) if ids is not None else frame
+
+    def _token_dir(self, model: str, spec: str) -> Path:
+        import hashlib
+        import re
+
+        slug = re.sub(r"[^A-Za-z0-9]+", "_", spec).strip("_")[:60]
+        return self.folder / "token_nll" / model / f"{slug}-{hashlib.sha256(spec.encode()).hexdigest()[:8]}"
+
+    def write_token_nll(self, model: str, spec: str, ids: Sequence[str], values: torch.Tensor) -> None:
+        """Store one batch's per-token NLL ``[B, T-1]`` (float32) as one parquet file, atomically."""
+        import hashlib
+        import io
+
+        from interp.io import atomic_write_bytes
+
+        folder = self._token_dir(model, spec)
+        folder.mkdir(parents=True, exist_ok=True)
+        frame = pd.DataFrame(values.float().numpy(), index=pd.Index([str(i) for i in ids], name="example"),
+                             columns=[f"t{t + 1}" for t in range(values.shape[1])])
+        buffer = io.BytesIO()
+        frame.to_parquet(buffer)
+        name = hashlib.sha256("\x00".join(map(str, ids)).encode()).hexdigest()[:16]
+        atomic_write_bytes(folder / f"{name}.parquet", buffer.getvalue())
+
     # -- writing --------------------------------------------------------------------
     def write_batch(self, model: str, spec: str, ids: Sequence[str], nll: Sequence[float],
                     kl: Sequence[float] | None = None, seconds: float = 0.0) -> None:
@@ -243,22 +282,29 @@ def _pending(store: ScoreStore, model: str, spec: str, ids: Sequence[str],
     return [(s, e) for s, e in chunks if not all(i in done for i in ids[s:e])]
 
 
-def _scorer(model: Any, reference: Any | None) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]:
-    """``tokens -> (mean NLL per row, mean KL(p_ref || p_model) per row or None)``.
+def _scorer(model: Any, reference: Any | None) -> Callable[
+        [torch.Tensor], tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    """``tokens -> (mean NLL per row, mean KL(p_ref || p_model) per row or None, token NLL [B, T-1])``.
 
     Without KL the NLL comes from the chunked, bridge-free scorer; with KL both models'
     full logits are needed, from their bridge-free forwards when no hook is registered.
+    The per-token NLL is kept (float32) for the split-half reliability of the errors.
     """
     if reference is None:
         per_token = token_nll_fn(model)
-        return lambda tokens: (per_token(tokens).double().mean(dim=1).cpu(), None)
+
+        def score_nll(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+            values = per_token(tokens)
+            return values.double().mean(dim=1).cpu(), None, values.float().cpu()
+
+        return score_nll
     run, run_ref = fast_forward(model), fast_forward(reference)
 
-    def score_with_kl(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def score_with_kl(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         logits = model_logits(model, tokens, run)
-        nll = token_nll(logits, tokens.to(logits.device)).double().mean(dim=1).cpu()
+        values = token_nll(logits, tokens.to(logits.device))
         kl = token_kl(model_logits(reference, tokens, run_ref), logits).double().mean(dim=1).cpu()
-        return nll, kl
+        return values.double().mean(dim=1).cpu(), kl, values.float().cpu()
 
     return score_with_kl
 
@@ -272,12 +318,15 @@ def _run_pass(store: ScoreStore, key: str, spec: str, model: Any, reference: Any
     for start, end in todo:
         tick = time.perf_counter()
         with torch.no_grad():
-            nll, kl = score_batch(examples.tokens[start:end].to(device))
+            nll, kl, per_token = score_batch(examples.tokens[start:end].to(device))
         if not torch.isfinite(nll).all() or (kl is not None and not torch.isfinite(kl).all()):
             raise NonFiniteError(f"{spec} gave NaN/inf NLL or KL on examples {examples.ids[start:end][:3]}: "
                                  "check the quantized weights.")
         if reference is None and spec == REFERENCE:
             kl = torch.zeros_like(nll)
+        # the token-level sidecar goes first: a kill between the two leaves the batch pending,
+        # and its rerun rewrites the same file
+        store.write_token_nll(key, spec, examples.ids[start:end], per_token)
         store.write_batch(key, spec, examples.ids[start:end], nll.tolist(),
                           None if kl is None else kl.tolist(), time.perf_counter() - tick)
         bar.update(1)
