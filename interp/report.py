@@ -339,9 +339,13 @@ def screenshot(folder: str | Path, path: str | Path | None = None, width: int = 
     """
     import os
 
-    from playwright.sync_api import sync_playwright
-
     from interp.errors import ResourceError
+
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        raise ResourceError("The report screenshot needs playwright, in the 'browser' extra: "
+                            "pip install -e '.[browser]' (make test and make demo install it).") from None
 
     folder = Path(folder)
     target = Path(path) if path else folder / "screenshot.png"
