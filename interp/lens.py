@@ -74,9 +74,12 @@ DEFAULT_MAX_LOGITS = 1 << 23  # 32 MiB of float32 logits alive at once (fits a l
 class Readout:
     """``unembed(final_norm(r))`` for any residual ``r``: the model's own output head.
 
-    Gemma-2-style final logit soft-capping (``tanh(z / c) * c``) is applied when the config
-    sets ``final_logit_softcapping``. The unembedding has no bias in the supported families
-    (llama-style and Gemma-3).
+    The final norm is the decoder body's own (``norm``, GPT-2's ``ln_f``, GPT-NeoX's
+    ``final_layer_norm``: RMSNorm or LayerNorm, Gemma's ``1 + gamma`` included, since the
+    module itself is called) and the head is the model's output embedding (``lm_head``,
+    GPT-NeoX's ``embed_out``), with its bias when it has one. Gemma-2-style final logit
+    soft-capping (``tanh(z / c) * c``) is applied when the config sets
+    ``final_logit_softcapping``.
 
     Args:
         model: a bridge from :func:`interp.load_model`.
@@ -87,10 +90,11 @@ class Readout:
         try:
             self.norm = hk.final_norm(model)
             self.weight = hk.unembed_weight(model)
-        except AttributeError:
+            self.bias = hk.unembed_bias(model)
+        except AttributeError as exc:
             raise ComponentError(
-                f"{getattr(getattr(model, 'info', None), 'architecture', type(model).__name__)} has no "
-                "llama-style final norm and head; early exit and patching support llama-style and Gemma-3 models."
+                f"{getattr(getattr(model, 'info', None), 'architecture', type(model).__name__)}: no final norm "
+                f"and output head where interp looks ({exc}); early exit and patching need both."
             ) from None
         config = model.original_model.config
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -107,7 +111,7 @@ class Readout:
 
     def head(self, normed: Float[Tensor, "... d_model"]) -> Float[Tensor, "... vocab"]:
         """Logits of an already normalised residual (the unembedding and any soft-cap)."""
-        logits = torch.nn.functional.linear(normed, self.weight)
+        logits = torch.nn.functional.linear(normed, self.weight, self.bias)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
@@ -141,7 +145,8 @@ class Readout:
         total = torch.zeros(rows, device=normed.device)
         picked = torch.zeros(rows, device=normed.device)
         for start in range(0, self.vocab, step):
-            logits = torch.nn.functional.linear(normed, self.weight[start : start + step]).float()
+            bias = None if self.bias is None else self.bias[start : start + step]
+            logits = torch.nn.functional.linear(normed, self.weight[start : start + step], bias).float()
             if self.softcap:
                 logits = torch.tanh(logits / self.softcap) * self.softcap
             inside = (targets >= start) & (targets < start + logits.shape[1])
@@ -232,7 +237,7 @@ def early_exit(
     """Decode every layer's residual with the model's own head and score next-token NLL.
 
     Args:
-        model: a bridge (llama-style or Gemma-3).
+        model: a bridge (any family :func:`interp.load_model` describes: see docs/models.md).
         examples: token rows.
         at: ``"resid_post"`` (block output; the last layer's equals the model's NLL) or
             ``"resid_mid"`` (after attention, before the MLP).
@@ -259,7 +264,7 @@ def early_exit(
                for i, layer in enumerate(layers)]
         with torch.no_grad(), model.hooks(fwd_hooks=fwd):
             try:
-                model.original_model.model(input_ids=tokens)
+                hk.decoder_body(model)(input_ids=tokens)
             except _StopForward:
                 pass
         bar.update(end - start)

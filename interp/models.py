@@ -25,6 +25,7 @@ detected and rebuilt rather than used.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import importlib.util
 import io
@@ -56,11 +57,39 @@ CACHE_VERSION = 1
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What the analyses need to know about a loaded model."""
+    """What the analyses need to know about a loaded model.
+
+    The layout fields are read from the Hugging Face module tree itself (which projections a
+    block holds, what class its norms are and how they scale), not from a list of names, so
+    a family interp has never seen is described by what it contains.
+
+    Attributes:
+        family: ``"llama"`` (Llama and its pre-norm kin when the config says ``llama``),
+            ``"gemma3"``, or the config's ``model_type`` (``"mistral"``, ``"qwen2"``,
+            ``"gpt2"``, ``"gpt_neox"``, ``"phi3"``, ...). A label: behaviour follows the
+            layout fields below.
+        gated_mlp: the MLP has a gate (``gate_proj``, or a fused ``gate_up_proj``).
+        fused_gate_up: gate and up projections live in one ``gate_up_proj`` (Phi-3).
+        fused_qkv: ``""`` (separate q/k/v), ``"blocked"`` (one matrix, rows q|k|v: Phi-3,
+            GPT-2) or ``"per_head"`` (rows interleaved head by head: GPT-NeoX).
+        conv1d: linear weights stored ``[in, out]`` (GPT-2's ``Conv1D``).
+        norm: ``"rmsnorm"`` or ``"layernorm"``.
+        norm_offset: the norm multiplies by ``norm_offset + gamma`` (1 for Gemma, else 0).
+        mlp_norm: attribute name of the norm in front of the MLP (``""`` if none: OLMo-2).
+        post_norms: attention and MLP outputs are normalised before the residual add.
+        parallel_residual: attention and MLP both read the block input (GPT-NeoX).
+        layers_path: where the decoder layers live (``"model.layers"``, ``"transformer.h"``).
+
+    Example:
+        >>> import interp
+        >>> info = interp.tiny_model("llama").info
+        >>> info.family, info.n_layers, info.gated_mlp, info.norm
+        ('llama', 2, True, 'rmsnorm')
+    """
 
     name: str
     architecture: str  # e.g. "LlamaForCausalLM", "Gemma3ForCausalLM", "GPT2LMHeadModel"
-    family: Literal["llama", "gemma3", "gpt2", "other"]
+    family: str
     n_layers: int
     d_model: int
     n_heads: int
@@ -69,6 +98,18 @@ class ModelInfo:
     bos_id: int
     n_ctx: int
     source_hash: str = ""
+    model_type: str = ""
+    n_kv_heads: int = 0
+    d_head: int = 0
+    fused_gate_up: bool = False
+    fused_qkv: Literal["", "blocked", "per_head"] = ""
+    conv1d: bool = False
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norm_offset: float = 0.0
+    mlp_norm: str = "post_attention_layernorm"
+    post_norms: bool = False
+    parallel_residual: bool = False
+    layers_path: str = "model.layers"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -215,15 +256,143 @@ def _load_hf(folder: Path, dtype: torch.dtype, device: str) -> tuple[Any, Any]:
     return model.to(device).eval(), tokenizer  # type: ignore[arg-type]
 
 
-def _family(architecture: str) -> Literal["llama", "gemma3", "gpt2", "other"]:
-    arch = architecture.lower()
-    if "gemma3" in arch:
-        return "gemma3"
-    if "llama" in arch or "mistral" in arch or "qwen" in arch:
-        return "llama"
-    if "gpt2" in arch:
-        return "gpt2"
-    return "other"
+def plain_module_tree(hf_model: torch.nn.Module) -> torch.nn.Module:
+    """``hf_model`` with every transformer-lens wrapper swapped for the module it wraps.
+
+    transformer-lens installs its wrappers *inside* the Hugging Face module tree. This
+    rebuilds the tree from shallow copies: every parameter and buffer is the model's own
+    tensor (no memory is copied), but no wrapper or hook point is on the path. A plain
+    model comes back as an equivalent copy.
+    """
+    def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+        inner = getattr(module, "original_component", None)
+        source = inner if isinstance(inner, torch.nn.Module) else module
+        clone = copy.copy(source)  # shares the parameter and buffer tensors
+        for key, value in vars(source).items():  # own hook tables: hooks put on the clone stay off the original
+            if "hooks" in key and isinstance(value, dict):
+                clone.__dict__[key] = copy.copy(value)
+        clone._modules = {name: None if child is None else unwrap(child) for name, child in source._modules.items()}
+        return clone
+
+    return unwrap(hf_model)
+
+
+def decoder_layers_path(hf_model: Any) -> str:
+    """Where the decoder layers of a causal LM live: ``"model.layers"``, ``"transformer.h"``, ..."""
+    prefix = getattr(hf_model, "base_model_prefix", "") or "model"
+    base = getattr(hf_model, prefix, None)
+    for name in ("layers", "h", "blocks"):
+        if isinstance(getattr(base, name, None), torch.nn.ModuleList):
+            return f"{prefix}.{name}"
+    raise ModelLoadError(
+        f"{type(hf_model).__name__} keeps no list of decoder layers where interp looks ({prefix}.layers, "
+        f"{prefix}.h); interp supports decoder-only causal LMs with one list of blocks."
+    )
+
+
+def _follow(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+_ATTENTION = ("self_attn", "attn", "attention")
+_QKV_PER_HEAD = ("query_key_value",)  # GPT-NeoX / BLOOM: rows [head, (q, k, v), d_head]
+_QKV_BLOCKED = ("qkv_proj", "c_attn", "Wqkv")  # rows [q | k | v]
+
+
+def _is_norm(module: torch.nn.Module) -> bool:
+    name = type(module).__name__.lower()
+    return isinstance(module, torch.nn.LayerNorm) or "norm" in name
+
+
+def _norm_offset(norm: torch.nn.Module, device: torch.device) -> float:
+    """1.0 when an RMSNorm multiplies by ``1 + gamma`` (Gemma), 0.0 when by ``gamma``: measured, not looked up."""
+    weight = getattr(norm, "weight", None)
+    if isinstance(norm, torch.nn.LayerNorm) or not isinstance(weight, torch.Tensor):
+        return 0.0
+    eps = float(getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None) or 1e-6)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, weight.shape[-1], generator=generator).to(device=device, dtype=weight.dtype)
+    with torch.no_grad():
+        y = norm(x).float()
+    xf = x.float()
+    normalized = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return float(round(float((y / normalized - weight.float()).median())))
+
+
+def _trace_block(plain: Any, layers_path: str) -> dict[str, Any]:
+    """Which norm feeds the MLP, and whether outputs are normed or the block is parallel: one tiny forward."""
+    block = _follow(plain, layers_path)[0]
+    attention = next(getattr(block, n) for n in _ATTENTION if hasattr(block, n))
+    seen: dict[str, Any] = {}
+    handles = [block.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.__setitem__("block_in", args[0] if args else kwargs["hidden_states"]),
+        with_kwargs=True)]
+    handles.append(block.mlp.register_forward_pre_hook(lambda m, args: seen.__setitem__("mlp_in", args[0])))
+    handles.append(attention.register_forward_hook(
+        lambda m, args, out: seen.__setitem__("attn_out", out[0] if isinstance(out, tuple) else out)))
+    norms = {name: child for name, child in block.named_children() if _is_norm(child)}
+    for name, child in norms.items():
+        handles.append(child.register_forward_hook(
+            lambda m, args, out, name=name: seen.__setitem__(name, (args[0], out))))
+    device = next(plain.parameters()).device
+    try:
+        with torch.no_grad():
+            plain(input_ids=torch.tensor([[0, 1, 2]], device=device), use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    # identity first: a norm feeding the MLP hands it its very output tensor (equal values alone can
+    # mislead: in a fresh model every LayerNorm has the same weights)
+    def feeds(pairs: list[tuple[str, Any, Any]], target: Any) -> str:
+        return next((n for n, a, b in pairs if b is target), "") or next(
+            (n for n, a, b in pairs if b.shape == target.shape and torch.equal(b, target)), "")
+
+    outputs = [(n, None, seen[n][1]) for n in norms if n in seen]
+    inputs = [(n, None, seen[n][0]) for n in norms if n in seen]
+    mlp_norm = feeds(outputs, seen["mlp_in"])
+    return {
+        "mlp_norm": mlp_norm,
+        "post_norms": bool(feeds(inputs, seen["attn_out"])),
+        "parallel_residual": bool(mlp_norm) and seen[mlp_norm][0] is seen["block_in"],
+        "norm_module": norms.get(mlp_norm) or next(iter(norms.values()), None),
+    }
+
+
+def _layout(hf_model: Any) -> dict[str, Any]:
+    """The block layout of a causal LM, read from its (unwrapped) module tree."""
+    from transformers.pytorch_utils import Conv1D
+
+    plain = plain_module_tree(hf_model)
+    layers_path = decoder_layers_path(plain)
+    block = _follow(plain, layers_path)[0]
+    attention = next((getattr(block, n) for n in _ATTENTION if hasattr(block, n)), None)
+    mlp = getattr(block, "mlp", None)
+    if attention is None or mlp is None:
+        raise ModelLoadError(f"{type(hf_model).__name__}: its blocks have no attention ({'/'.join(_ATTENTION)}) "
+                             "or no mlp submodule; interp supports decoder blocks with both.")
+    fused_qkv = ("per_head" if any(hasattr(attention, n) for n in _QKV_PER_HEAD)
+                 else "blocked" if any(hasattr(attention, n) for n in _QKV_BLOCKED) else "")
+    traced = _trace_block(plain, layers_path)
+    norm = traced.pop("norm_module")
+    device = next(plain.parameters()).device
+    return {
+        "layers_path": layers_path,
+        "gated_mlp": hasattr(mlp, "gate_proj") or hasattr(mlp, "gate_up_proj"),
+        "fused_gate_up": hasattr(mlp, "gate_up_proj"),
+        "fused_qkv": fused_qkv,
+        "conv1d": any(isinstance(m, Conv1D) for m in mlp.modules()),
+        "norm": "layernorm" if isinstance(norm, torch.nn.LayerNorm) else "rmsnorm",
+        "norm_offset": _norm_offset(norm, device) if norm is not None else 0.0,
+        **traced,
+    }
+
+
+def _family(model_type: str, architecture: str) -> str:
+    """A label for the model: the config's ``model_type`` (``gemma3_text`` reads ``gemma3``)."""
+    label = (model_type or architecture).lower()
+    return "gemma3" if label.startswith("gemma3") else label
 
 
 def _model_info(name: str, hf_model: Any, tokenizer: Any, source_hash: str) -> ModelInfo:
@@ -232,22 +401,26 @@ def _model_info(name: str, hf_model: Any, tokenizer: Any, source_hash: str) -> M
     cfg = hf_model.config
     text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     architecture = type(hf_model).__name__
-    family = _family(architecture)
-    d_model = getattr(text_cfg, "hidden_size", None) or text_cfg.n_embd
+    model_type = str(getattr(text_cfg, "model_type", "") or "")
+    d_model = int(getattr(text_cfg, "hidden_size", None) or text_cfg.n_embd)
+    n_heads = int(getattr(text_cfg, "num_attention_heads", None) or text_cfg.n_head)
     d_mlp = getattr(text_cfg, "intermediate_size", None) or getattr(text_cfg, "n_inner", None) or 4 * d_model
     bos = bos_token_id(tokenizer) if tokenizer is not None else int(getattr(text_cfg, "bos_token_id", 0) or 0)
     return ModelInfo(
         name=name,
         architecture=architecture,
-        family=family,
+        family=_family(model_type, architecture),
         n_layers=int(getattr(text_cfg, "num_hidden_layers", None) or text_cfg.n_layer),
-        d_model=int(d_model),
-        n_heads=int(getattr(text_cfg, "num_attention_heads", None) or text_cfg.n_head),
+        d_model=d_model,
+        n_heads=n_heads,
         d_mlp=int(d_mlp),
-        gated_mlp=family in ("llama", "gemma3"),
         bos_id=bos,
         n_ctx=int(getattr(text_cfg, "max_position_embeddings", 0) or getattr(text_cfg, "n_positions", 1024)),
         source_hash=source_hash,
+        model_type=model_type,
+        n_kv_heads=int(getattr(text_cfg, "num_key_value_heads", None) or n_heads),
+        d_head=int(getattr(text_cfg, "head_dim", None) or d_model // n_heads),
+        **_layout(hf_model),
     )
 
 
@@ -256,6 +429,7 @@ def bridge(hf_model: Any, tokenizer: Any, name: str, source_hash: str = "") -> A
     from transformer_lens.model_bridge import TransformerBridge
 
     device = str(next(hf_model.parameters()).device)
+    info = _model_info(name, hf_model, tokenizer, source_hash)
     with _quiet():
         try:
             model = TransformerBridge.boot_transformers(
@@ -268,30 +442,102 @@ def bridge(hf_model: Any, tokenizer: Any, name: str, source_hash: str = "") -> A
             ) from None
         model.enable_compatibility_mode(no_processing=True, disable_warnings=True)
     model.eval()
-    object.__setattr__(model, "info", _model_info(name, hf_model, tokenizer, source_hash))
+    object.__setattr__(model, "info", info)
     return model
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _check_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if dtype is None:
+        return None
+    found = DTYPES.get(dtype) if isinstance(dtype, str) else dtype if dtype in DTYPES.values() else None
+    if found is None:
+        raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)} (or the torch dtype); got {dtype!r}.")
+    return found
+
+
+def _is_bridge(obj: Any) -> bool:
+    return hasattr(obj, "original_model") and hasattr(obj, "hook_dict")
+
+
+def _from_memory(obj: Any, tokenizer: Any, name: str | None, dtype: torch.dtype | None, device: str | None) -> Any:
+    """A model the caller already holds: an HF ``PreTrainedModel`` or a ``TransformerBridge``."""
+    from transformers import PreTrainedModel
+
+    hf_model = obj.original_model if _is_bridge(obj) else obj
+    if not isinstance(hf_model, PreTrainedModel):
+        raise ModelLoadError(
+            f"load_model got a {type(obj).__name__}; pass a name, a folder, a .gguf path, a Hugging Face "
+            "PreTrainedModel (with tokenizer=) or a transformer-lens TransformerBridge."
+        )
+    tokenizer = tokenizer if tokenizer is not None else getattr(obj, "tokenizer", None)
+    if tokenizer is None:
+        raise ModelLoadError(f"{type(obj).__name__} came without a tokenizer: pass tokenizer=AutoTokenizer...(...).")
+    if dtype is not None or device is not None:
+        hf_model.to(device=device, dtype=dtype)  # in place, as nn.Module.to always is
+    label = name or str(getattr(hf_model.config, "_name_or_path", "") or type(hf_model).__name__)
+    if not _is_bridge(obj):
+        return bridge(hf_model.eval(), tokenizer, label)
+    if not getattr(obj, "compatibility_mode", False):
+        with _quiet():
+            obj.enable_compatibility_mode(no_processing=True, disable_warnings=True)
+    if getattr(obj, "tokenizer", None) is None:
+        obj.tokenizer = tokenizer
+    obj.eval()
+    object.__setattr__(obj, "info", _model_info(label, hf_model, tokenizer, ""))
+    return obj
+
+
 def load_model(
-    name_or_path: str | os.PathLike[str] = "smollm2-135m",
-    dtype: torch.dtype = torch.float32,
-    device: str = "cpu",
+    name_or_path: str | os.PathLike[str] | Any = "smollm2-135m",
+    dtype: torch.dtype | str | None = None,
+    device: str | None = None,
+    *,
+    tokenizer: Any = None,
+    name: str | None = None,
 ) -> Any:
-    """Load a model offline as a transformer-lens ``TransformerBridge``.
+    """Load a model offline as a transformer-lens ``TransformerBridge``, or adopt one already in memory.
 
     Args:
-        name_or_path: ``"smollm2-135m"``, ``"gemma3-270m"``, a Hugging Face model folder, or
-            a ``.gguf`` file.
-        dtype: parameter dtype (``torch.float32`` by default; ``torch.bfloat16`` on GPU).
-        device: ``"cpu"``, ``"cuda"``, ...
+        name_or_path: ``"smollm2-135m"``, ``"gemma3-270m"``, a Hugging Face model folder, a
+            ``.gguf`` file, a Hugging Face ``PreTrainedModel`` (causal LM) or a
+            ``TransformerBridge``. A model in memory is wrapped (a bridge: given its
+            ``.info``) in place, not copied.
+        dtype: ``torch.float32`` (default for files), ``torch.bfloat16`` or ``torch.float16``
+            (or their names). A model in memory keeps its dtype unless one is given.
+        device: ``"cpu"`` (default for files), ``"cuda"``, ...; a model in memory stays where it is
+            unless one is given.
+        tokenizer: the tokenizer of a model in memory (a bridge's own is used when omitted).
+        name: the name recorded in ``model.info`` (default: the path, or the config's name).
 
     Returns:
         The bridge. ``model.tokenizer`` is its tokenizer, ``model.info`` a :class:`ModelInfo`,
         and ``model.original_model`` the underlying Hugging Face model.
 
     Raises:
-        ModelLoadError: unknown name, missing or corrupt file, or a folder that is not a model.
+        ModelLoadError: unknown name, missing or corrupt file, a folder that is not a model,
+            an unsupported dtype, or a model in memory without a tokenizer.
+
+    Example:
+        The bundled models load by name (``interp.load_model("smollm2-135m")``); an in-memory
+        Hugging Face model works too, and its logits are unchanged:
+
+        >>> import torch, transformers
+        >>> import interp
+        >>> from interp.models import tiny_tokenizer
+        >>> cfg = transformers.LlamaConfig(vocab_size=259, hidden_size=32, intermediate_size=64,
+        ...                                num_hidden_layers=1, num_attention_heads=2, bos_token_id=256)
+        >>> hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        >>> model = interp.load_model(hf, tokenizer=tiny_tokenizer(), name="tiny")
+        >>> tokens = torch.tensor([[256, 72, 105]])
+        >>> bool(torch.equal(model(tokens), hf(tokens).logits))
+        True
     """
+    torch_dtype = _check_dtype(dtype)
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        return _from_memory(name_or_path, tokenizer, name, torch_dtype, device)
     key = str(name_or_path)
     source_hash = ""
     if key in BUNDLED:
@@ -317,8 +563,9 @@ def load_model(
                 f"Unknown model {key!r}. Use one of {sorted(BUNDLED)}, a Hugging Face model folder, "
                 "or a path to a .gguf file."
             )
+    torch_dtype, device = torch_dtype or torch.float32, device or "cpu"
     try:
-        hf_model, tokenizer = _load_hf(folder, dtype, device)
+        hf_model, loaded_tokenizer = _load_hf(folder, torch_dtype, device)
     except ModelLoadError:
         raise
     except Exception as exc:  # noqa: BLE001 - corrupt safetensors, bad config, ...
@@ -326,13 +573,13 @@ def load_model(
             # A damaged cache: rebuild it once from the source, then load again.
             manifest = json.loads((folder / MANIFEST).read_text())
             converted_folder(Path(manifest["source"]), rebuild=True)
-            hf_model, tokenizer = _load_hf(folder, dtype, device)
+            hf_model, loaded_tokenizer = _load_hf(folder, torch_dtype, device)
         else:
             raise ModelLoadError(
                 f"Could not load the model in {folder} ({type(exc).__name__}: {exc}). "
                 "Check that its config.json and safetensors files are complete."
             ) from None
-    return bridge(hf_model, tokenizer, key, source_hash)
+    return bridge(hf_model, tokenizer if tokenizer is not None else loaded_tokenizer, name or key, source_hash)
 
 
 def tiny_tokenizer() -> Any:
@@ -366,7 +613,14 @@ TINY_VOCAB = 259
 
 
 def tiny_model(kind: Literal["llama", "gpt2"] = "llama", seed: int = 0, n_layers: int = 2, **overrides: Any) -> Any:
-    """A random-init model for unit tests (no download): llama-style gated MLP, or GPT-2."""
+    """A random-init model for unit tests (no download): llama-style gated MLP, or GPT-2.
+
+    Example:
+        >>> import interp
+        >>> model = interp.tiny_model("gpt2", n_layers=1)
+        >>> model.cfg.n_layers, model.cfg.d_model, model.info.gated_mlp
+        (1, 64, False)
+    """
     from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedConfig
 
     torch.manual_seed(seed)

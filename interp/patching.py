@@ -84,22 +84,23 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp import hooks as hk
+from interp import validate
 from interp.data import Examples
 from interp.errors import ComponentError, DataError, InterpError, NonFiniteError
 from interp.lens import Readout
-from interp.probes import batches, check_context, show_progress
+from interp.probes import batches, check_context, check_examples, show_progress
 from interp.scoring import model_logits, token_nll
 from interp.typing import PerExample, Resid, Tokens
 
 PatchComponent = Literal[
-    "resid_pre", "resid_mid", "resid_post", "attn_out", "head", "gate", "up", "down", "gate_input",
+    "resid_pre", "resid_mid", "resid_post", "attn_out", "head", "gate", "up", "down", "gate_input", "mlp_pre",
 ]
 PATCHABLE: tuple[str, ...] = ("resid_pre", "resid_mid", "resid_post", "attn_out", "head", "gate", "up", "down",
-                              "gate_input")
+                              "gate_input", "mlp_pre")
 PAPER_COMPONENTS: tuple[str, ...] = ("attn_out", "gate", "up", "down", "gate_input")
 PAPER_NAMES = {"attn_out": "attention", "gate": "gate", "up": "up", "down": "down (MLP out)",
                "gate_input": "gate input only", "head": "heads", "resid_pre": "resid_pre",
-               "resid_mid": "resid_mid", "resid_post": "resid_post"}
+               "resid_mid": "resid_mid", "resid_post": "resid_post", "mlp_pre": "MLP pre-activation"}
 LayerSelection = Union[str, int, Sequence[int], None]
 
 PerRow = Float[Tensor, " rows"]
@@ -132,6 +133,8 @@ class Patch:
             raise ComponentError(f"Cannot patch {self.component!r}. Patchable components: {', '.join(PATCHABLE)}.")
         if not self.layers:
             raise ComponentError("A patch needs at least one layer.")
+        if not all(validate.is_integer(layer) for layer in self.layers):
+            raise ComponentError(f"Patch layers must be integer layer indices, got {self.layers!r}.")
         if self.heads is not None and self.component != "head":
             raise ComponentError(f"heads= applies to the 'head' component only, not {self.component!r}.")
 
@@ -169,9 +172,7 @@ def resolve_layers(model: Any, layers: LayerSelection) -> list[int]:
         return list(range(n // 2))
     if isinstance(layers, str):
         raise ComponentError(f"Unknown layer selection {layers!r}: use 'all', 'upper_half', 'lower_half' or indices.")
-    if isinstance(layers, int):
-        return hk.check_layers(model, [layers])
-    return sorted(set(hk.check_layers(model, layers)))
+    return sorted(set(validate.layer_indices(layers, n)))
 
 
 def single_layer_patches(components: Sequence[str], layers: Sequence[int], positions: Sequence[int] | None = None,
@@ -297,9 +298,10 @@ class DecoderRunner:
 
     @classmethod
     def for_model(cls, model: Any) -> DecoderRunner | None:
-        """A runner for llama-style and Gemma-3 models; ``None`` where the layer call is unknown."""
+        """A runner for blocks under ``model.layers`` with a rotary module (Llama, Mistral, Qwen, Gemma, Phi-3,
+        OLMo-2...); ``None`` where the layer call is unknown. :meth:`verify` checks it on the first batch."""
         info = getattr(model, "info", None)
-        if info is None or info.family not in ("llama", "gemma3"):
+        if info is None or info.layers_path != "model.layers":
             return None
         inner = getattr(model.original_model, "model", None)
         if inner is None or not hasattr(inner, "rotary_emb"):
@@ -388,7 +390,7 @@ def _capture(model: Any, tokens: Tokens, keys: Sequence[Key]) -> tuple[dict[Key,
     wanted = list(dict.fromkeys([*keys, final_key]))
     fwd = [(hk.hook_point(model, component, layer), saver((component, layer))) for component, layer in wanted]
     with model.hooks(fwd_hooks=fwd):
-        model.original_model.model(input_ids=tokens)
+        hk.decoder_body(model)(input_ids=tokens)
     return store, store[final_key]
 
 
@@ -607,7 +609,8 @@ def _check_pair(target: Any, source: Any, examples: Examples, source_examples: E
     if source_examples.tokens.shape != examples.tokens.shape:
         raise DataError(f"Source and target token rows must have the same shape; got "
                         f"{tuple(source_examples.tokens.shape)} and {tuple(examples.tokens.shape)}.")
-    check_context(target, examples.tokens)
+    check_examples(target, examples)
+    check_examples(source, source_examples)
 
 
 def _source_keys(patches: Sequence[Patch]) -> list[Key]:
@@ -704,7 +707,7 @@ class _Engine:
 
         last = hk.hook_point(self.target, "resid_post", hk.n_layers(self.target) - 1)
         with self.target.hooks(fwd_hooks=[*fwd, (last, keep)]):
-            self.target.original_model.model(input_ids=batch.tokens.repeat(len(jobs), 1))
+            hk.decoder_body(self.target)(input_ids=batch.tokens.repeat(len(jobs), 1))
         return final["resid"]
 
 
@@ -1002,7 +1005,7 @@ def _attribute_batch(target: Any, readout: Readout, metric: Metric, tokens: Toke
     fwd: list[tuple[str, Callable[[Tensor, Any], Tensor]]] = [(hk.hook_point(target, "resid_pre", 0), start_graph)]
     fwd += [(hk.hook_point(target, c, layer), keep((c, layer))) for c, layer in dict.fromkeys([*points, last])]
     with torch.enable_grad(), target.hooks(fwd_hooks=fwd):
-        target.original_model.model(input_ids=tokens)
+        hk.decoder_body(target)(input_ids=tokens)
         values = metric.from_resid(readout, acts[last], tokens, index)
         grads = torch.autograd.grad(values.sum(), [acts[p] for p in points], allow_unused=True)
     out = torch.zeros(len(points), tokens.shape[0], dtype=torch.float64)

@@ -42,8 +42,9 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from interp import hooks as hk
+from interp import validate
 from interp.data import Examples
-from interp.errors import ComponentError, InterpError, NonFiniteError, ResourceError
+from interp.errors import ComponentError, DataError, InterpError, NonFiniteError, ResourceError
 
 # ---------------------------------------------------------------------------------------
 # Reducers: activation [batch, pos, ...] -> per-example values [batch, ...]
@@ -82,16 +83,17 @@ def _attention_reducer(metric: str) -> Callable[[torch.Tensor, bool], torch.Tens
         from interp.attention import metrics
 
         q = pattern.shape[-2]
+        # the model's own softmax output, validated by construction: skip the value checks (hot loop)
         if metric == "entropy":
-            values = metrics.entropy(pattern)
+            values = metrics.entropy(pattern, check=False)
         elif metric == "entropy_norm":
-            values = metrics.entropy(pattern, normalized=True)
+            values = metrics.entropy(pattern, normalized=True, check=False)
         elif metric == "gtd":
-            values = metrics.gtd(pattern)
+            values = metrics.gtd(pattern, check=False)
         elif metric == "sink_share":
-            values = metrics.sink_share(pattern)
+            values = metrics.sink_share(pattern, check=False)
         else:
-            values = metrics.effective_span(pattern)
+            values = metrics.effective_span(pattern, check=False)
         # query 0 sees only BOS: it carries no information about localization
         start = 1 if (exclude_bos or metric == "entropy_norm") and q > 1 else 0
         return values[..., start:].mean(dim=-1)  # [B, H]
@@ -147,6 +149,17 @@ class ProbeResult:
         layers: the model layers in the first axis.
         ids: example ids in the second axis.
         settings: model name, components, reducers, batch size, examples' settings.
+
+    Example:
+        >>> import torch
+        >>> import interp
+        >>> model = interp.tiny_model("llama")
+        >>> ex = interp.Examples.from_tokens(torch.randint(0, 256, (3, 8), generator=torch.Generator().manual_seed(0)))
+        >>> res = interp.probe(model, ex, ["resid_post"], ["norm"], progress=False)
+        >>> res.layers, res.ids, tuple(res["resid_post", "norm"].shape)
+        ([0, 1], ['row0', 'row1', 'row2'], (2, 3))
+        >>> res.summary().columns.tolist()
+        ['resid_post/norm']
     """
 
     stats: dict[str, torch.Tensor]
@@ -228,11 +241,59 @@ class _StopForward(Exception):
 
 
 def check_context(model: Any, tokens: torch.Tensor) -> None:
+    """Token rows fit the model: at most its context long, and every id inside its vocabulary."""
     n_ctx = getattr(getattr(model, "info", None), "n_ctx", None) or int(model.cfg.n_ctx)
     if tokens.shape[-1] > n_ctx:
         raise InterpError(
             f"Sequences of {tokens.shape[-1]} tokens exceed this model's context of {n_ctx}. Lower seq_len."
         )
+    check_token_ids(model, tokens)
+
+
+def model_vocab_size(model: Any) -> int:
+    """Rows of the model's input embedding: token ids must lie in ``[0, vocab)``."""
+    original = getattr(model, "original_model", model)
+    embedding = original.get_input_embeddings() if hasattr(original, "get_input_embeddings") else None
+    if embedding is not None and hasattr(embedding, "num_embeddings"):
+        return int(embedding.num_embeddings)
+    return int(model.cfg.d_vocab)
+
+
+def check_token_ids(model: Any, tokens: torch.Tensor) -> None:
+    if tokens.is_floating_point() or tokens.dtype == torch.bool:
+        raise DataError(f"Token ids must be integers, got a {tokens.dtype} tensor.")
+    if tokens.ndim != 2 or tokens.shape[-1] < 2:
+        raise DataError(f"Token rows must be [N, T] with T >= 2 (BOS + a token to predict); got shape "
+                        f"{tuple(tokens.shape)}.")
+    if tokens.numel() == 0:
+        return
+    vocab = model_vocab_size(model)
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= vocab:
+        bad = low if low < 0 else high
+        raise DataError(f"Token id {bad} is outside this model's vocabulary [0, {vocab}). The rows were made by "
+                        "another tokenizer or edited by hand: tokenize with this model's tokenizer "
+                        "(interp.load_examples(source, model.tokenizer, ...)).")
+
+
+def check_examples(model: Any, examples: Examples) -> None:
+    """Examples fit the model: context, token id range, and (when known) the same tokenizer.
+
+    Call it at every entry point that runs a model on examples (nll, probe, patching, score).
+    """
+    check_context(model, examples.tokens)
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None or not (examples.tokenizer or examples.vocab_size):
+        return  # rows from Examples.from_tokens: only the id range can be checked
+    from interp.data import tokenizer_fingerprint
+
+    if examples.vocab_size and examples.vocab_size != len(tokenizer):
+        raise DataError(f"These examples were tokenized with a vocabulary of {examples.vocab_size} tokens, but the "
+                        f"model's tokenizer has {len(tokenizer)}. Load them with this model's tokenizer.")
+    if examples.tokenizer and examples.tokenizer != tokenizer_fingerprint(tokenizer):
+        raise DataError(f"These examples were tokenized by another tokenizer (fingerprint {examples.tokenizer}, "
+                        f"model's {tokenizer_fingerprint(tokenizer)}): their ids mean other tokens to this model. "
+                        "Load them with interp.load_examples(source, model.tokenizer, ...).")
 
 
 def available_memory_bytes() -> int:
@@ -316,11 +377,21 @@ def probe(
 
     Returns:
         A :class:`ProbeResult`.
+
+    Example:
+        >>> import torch
+        >>> import interp
+        >>> model = interp.tiny_model("llama")
+        >>> ex = interp.Examples.from_tokens(torch.randint(0, 256, (3, 8), generator=torch.Generator().manual_seed(0)))
+        >>> res = interp.probe(model, ex, ["resid_post", "pattern"], ["norm", "entropy"], progress=False)
+        >>> sorted(res.stats), tuple(res["pattern", "entropy"].shape)  # [n_layers, N, n_heads]
+        (['pattern/entropy', 'resid_post/norm'], (2, 3, 4))
     """
-    layer_list = hk.check_layers(model, layers)
+    layer_list = validate.layer_indices(layers, hk.n_layers(model))
+    batch_size = validate.batch_size(batch_size)
     pairs = _pairs(model, components, reducers, layer_list)
     n, seq_len = examples.tokens.shape
-    check_context(model, examples.tokens)
+    check_examples(model, examples)
     full_bytes = sum(_full_bytes(model, c, n, seq_len, len(layer_list)) for c, r in pairs if r == "full")
     if full_bytes:
         check_memory(full_bytes, "Keeping full activations", memory_fraction)

@@ -14,9 +14,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from interp import validate
 from interp.data import Examples
 from interp.errors import NonFiniteError
-from interp.probes import batches, check_context, show_progress
+from interp.probes import batches, check_examples, show_progress
 
 
 def token_nll(logits: torch.Tensor, tokens: torch.Tensor, chunk: int = 32) -> torch.Tensor:
@@ -72,7 +73,8 @@ def nll(model: Any, examples: Examples, batch_size: int = 8, progress: bool | No
         batch_size: examples per forward.
         progress: show a progress bar.
     """
-    check_context(model, examples.tokens)
+    check_examples(model, examples)
+    batch_size = validate.batch_size(batch_size)
     score = token_nll_fn(model)
     out = torch.empty(len(examples), dtype=torch.float64)
     bar = tqdm(total=len(examples), desc="nll", unit="ex", disable=not show_progress(progress))

@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from interp import hooks as hk
+from interp import validate
 from interp.data import Examples
 from interp.probes import probe
 
@@ -145,7 +146,7 @@ def analyze(
     """
     from interp.attention.saobp import saobp_hook
 
-    layer_list = hk.check_layers(model, layers)
+    layer_list = validate.layer_indices(layers, hk.n_layers(model))
     kwargs: dict[str, Any] = dict(batch_size=batch_size, layers=layer_list, progress=progress)
     reference = probe(model, examples, ["pattern"], list(METRICS), with_nll=with_nll and saobp_beta is not None,
                       **kwargs)

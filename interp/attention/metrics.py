@@ -45,10 +45,13 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from jaxtyping import Bool
 from torch import Tensor
 
+from interp import validate
 from interp.errors import InterpError
 from interp.typing import Pattern, PerQuery
 
@@ -60,13 +63,73 @@ __all__ = [
     "entropy",
     "gtd",
     "keys_per_query",
+    "check_key_mask",
+    "check_pattern_values",
     "masked_mean",
+    "row_sum_tolerance",
     "sink_share",
     "valid_query_mask",
 ]
 
 
-def _check_pattern(pattern: Tensor, *, square: bool = False) -> None:
+def row_sum_tolerance(pattern: Tensor) -> float:
+    """How far from 1 a row of a valid pattern may sum, from float rounding alone.
+
+    Rounding each entry of a probability row to the pattern's dtype moves the row sum by at
+    most ``eps(dtype) / 2`` (relative errors of non-negative entries add up to at most that);
+    the softmax that made the row normalises by a sum of ``K`` terms, and the check itself
+    sums ``K`` terms, each adding at most ``K * eps(work) / 2`` with ``work`` the dtype the
+    sums run in (float32 for half precision). So the bound is
+    ``eps(dtype) + K * eps(work)``: 1.3e-6 for 5 keys in float32, 2.4e-4 for 2048 keys,
+    about 1e-13 for 512 keys in float64. A row off by more was not a softmax output.
+    """
+    work = _working_dtype(pattern).dtype
+    return float(torch.finfo(pattern.dtype).eps + pattern.shape[-1] * torch.finfo(work).eps)
+
+
+def check_pattern_values(pattern: Tensor) -> None:
+    """Refuse NaN/inf, negative entries, and rows that sum neither to 1 nor to 0 (a padded query).
+
+    Raises:
+        InterpError: naming the first bad row and what a pattern must be.
+    """
+    work = _working_dtype(pattern)
+    if not bool(torch.isfinite(work).all()):
+        raise InterpError("The attention pattern contains NaN or inf; patterns are softmax outputs with entries in "
+                          "[0, 1]. Check the model's activations (or its dtype) before measuring them.")
+    if bool((work < 0).any()):
+        raise InterpError(f"The attention pattern has negative entries (smallest {float(work.min()):.3g}); "
+                          "pass the softmax output (hook_pattern), not the scores (hook_attn_scores).")
+    sums = work.sum(-1)
+    tolerance = row_sum_tolerance(pattern)
+    bad = ((sums - 1).abs() > tolerance) & (sums != 0)
+    if bool(bad.any()):
+        index = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise InterpError(
+            f"Row {index} of the attention pattern sums to {float(sums[index]):.6g}, not 1 (tolerance "
+            f"{tolerance:.2g} from float rounding) or 0 (a padded query). Pass a pattern [..., query, key] whose "
+            "rows are distributions over keys, e.g. cache['blocks.0.attn.hook_pattern']."
+        )
+
+
+def check_key_mask(key_mask: Tensor, pattern: Tensor) -> None:
+    """A key mask is a bool tensor ``[..., key]`` over the pattern's keys that broadcasts over its leading axes."""
+    n_keys = pattern.shape[-1]
+    if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool or key_mask.ndim < 1:
+        raise InterpError(f"key_mask must be a bool tensor [..., key] (True = real token), got "
+                          f"{getattr(key_mask, 'dtype', type(key_mask).__name__)}.")
+    try:
+        fits = key_mask.shape[-1] == n_keys and torch.broadcast_shapes(key_mask.shape[:-1], pattern.shape[:-2]) \
+            == pattern.shape[:-2]
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise InterpError(f"key_mask {tuple(key_mask.shape)} does not fit the pattern {tuple(pattern.shape)}: it "
+                          f"must be [..., key] with {n_keys} keys, its leading axes broadcasting to "
+                          f"{tuple(pattern.shape[:-2])}.")
+
+
+def _check_pattern(pattern: Tensor, *, square: bool = False, check: bool = True) -> None:
     if not isinstance(pattern, Tensor) or pattern.ndim < 2:
         raise InterpError(
             "An attention pattern must be a tensor of shape [..., query, key]; "
@@ -85,6 +148,8 @@ def _check_pattern(pattern: Tensor, *, square: bool = False) -> None:
             f"This quantity needs the full square pattern (query == key), got {q} x {k}. "
             "Run the model on the whole sequence without a KV cache (use_cache=False)."
         )
+    if check:
+        check_pattern_values(pattern)
 
 
 def _working_dtype(pattern: Tensor) -> Tensor:
@@ -172,7 +237,8 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None 
     return total / count
 
 
-def entropy(pattern: Pattern, normalized: bool = False, key_mask: KeyMask | None = None) -> PerQuery:
+def entropy(pattern: Pattern, normalized: bool = False, key_mask: KeyMask | None = None, *,
+            check: bool = True) -> PerQuery:
     """Attention entropy per query, in nats (``0 log 0 = 0``).
 
     Args:
@@ -181,17 +247,26 @@ def entropy(pattern: Pattern, normalized: bool = False, key_mask: KeyMask | None
             may attend to (causal and not padded). Queries with ``n_i <= 1`` give 0; drop
             them from means with :func:`valid_query_mask`.
         key_mask: ``[..., key]`` bool, True for real keys, used only to count ``n_i``.
+        check: refuse NaN/inf, negative entries and rows summing to neither 1 nor 0
+            (within :func:`row_sum_tolerance`). Pass False only in loops over patterns
+            already known to be softmax outputs (e.g. hooks on a model's pattern).
 
     Returns:
-        ``[..., query]`` entropies: in ``[0, log n_i]``, or ``[0, 1]`` when normalized.
+        ``[..., query]`` entropies: in ``[0, log n_i]``, or ``[0, 1]`` when normalized
+        (clamped at 0: a one-hot row a rounding above 1 would give ``-1e-7``).
+
+    Raises:
+        InterpError: a pattern that is not a stack of distributions, or a bad key_mask.
 
     Example:
         >>> entropy(torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
         tensor([0.0000, 0.6931])
     """
-    _check_pattern(pattern)
+    _check_pattern(pattern, check=check)
+    if key_mask is not None:
+        check_key_mask(key_mask, pattern)
     work = _working_dtype(pattern)
-    h = 0.0 - torch.special.xlogy(work, work).sum(-1)  # 0.0 - x avoids printing -0.
+    h = (0.0 - torch.special.xlogy(work, work).sum(-1)).clamp_(min=0.0)  # 0.0 - x avoids printing -0.
     if not normalized:
         return h
     n_visible = keys_per_query(pattern.shape[-2], key_mask, n_keys=pattern.shape[-1]).to(h.device)
@@ -199,25 +274,27 @@ def entropy(pattern: Pattern, normalized: bool = False, key_mask: KeyMask | None
     return torch.where(n_visible > 1, h / torch.where(n_visible > 1, log_n, torch.ones_like(log_n)), 0.0)
 
 
-def effective_span(pattern: Pattern) -> PerQuery:
+def effective_span(pattern: Pattern, *, check: bool = True) -> PerQuery:
     """Effective number of attended keys, ``exp(H_i)``; 1 for a one-hot (or all-zero) row.
 
     Example:
         >>> effective_span(torch.tensor([[0.25, 0.25, 0.25, 0.25]]))
         tensor([4.])
     """
-    return torch.exp(entropy(pattern))
+    return torch.exp(entropy(pattern, check=check))
 
 
-def sink_share(pattern: Pattern, sink: int = 0) -> PerQuery:
+def sink_share(pattern: Pattern, sink: int = 0, *, check: bool = True) -> PerQuery:
     """Attention mass each query puts on the key at index ``sink`` (default 0, the BOS).
 
     Example:
         >>> sink_share(torch.tensor([[1.0, 0.0], [0.7, 0.3]]))
         tensor([1.0000, 0.7000])
     """
-    _check_pattern(pattern)
+    _check_pattern(pattern, check=check)
     n_keys = pattern.shape[-1]
+    if not validate.is_integer(sink):
+        raise InterpError(f"sink must be an integer key index, got {sink!r} ({type(sink).__name__}).")
     if not -n_keys <= sink < n_keys:
         raise InterpError(f"sink={sink} is out of range for {n_keys} keys; pass a key index in [0, {n_keys - 1}].")
     return pattern[..., sink]
@@ -238,7 +315,7 @@ def _walk_mixture(pattern: Tensor, hops: int, alpha: float) -> Tensor:
     return mixture / weight_sum
 
 
-def gtd(pattern: Pattern, hops: int = 2, alpha: float = 1.0) -> PerQuery:
+def gtd(pattern: Pattern, hops: int = 2, alpha: float = 1.0, *, check: bool = True) -> PerQuery:
     """Global Token Dependency: ``TV(A_i, W_i)`` with ``W`` the multi-hop walk mixture.
 
     ``W = sum_{m=2..hops} alpha^(m-2) A^m / sum_{m=2..hops} alpha^(m-2)``, and
@@ -249,7 +326,8 @@ def gtd(pattern: Pattern, hops: int = 2, alpha: float = 1.0) -> PerQuery:
     Args:
         pattern: ``[..., query, key]`` square pattern (query == key).
         hops: longest walk ``K >= 2`` in the mixture.
-        alpha: geometric weight of each extra hop (``>= 0``).
+        alpha: geometric weight of each extra hop (finite, ``>= 0``).
+        check: validate the pattern's values (see :func:`entropy`).
 
     Returns:
         ``[..., query]`` values clamped to ``[0, 1]``.
@@ -259,11 +337,11 @@ def gtd(pattern: Pattern, hops: int = 2, alpha: float = 1.0) -> PerQuery:
         >>> gtd(chain)
         tensor([0., 0., 1.])
     """
-    _check_pattern(pattern, square=True)
+    _check_pattern(pattern, square=True, check=check)
     if isinstance(hops, bool) or not isinstance(hops, int) or hops < 2:
         raise InterpError(f"hops must be an integer >= 2 (2 compares A with A @ A), got {hops!r}.")
-    if not alpha >= 0:
-        raise InterpError(f"alpha must be >= 0 (the weight of each extra hop), got {alpha!r}.")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0 <= alpha < math.inf):
+        raise InterpError(f"alpha must be a finite number >= 0 (the weight of each extra hop), got {alpha!r}.")
     work = _working_dtype(pattern)
     # the mixture is a fresh buffer: subtract, abs and halve in place (no 3 extra [.., q, k] copies)
     distance = _walk_mixture(work, hops, alpha).sub_(work).abs_().sum(-1).mul_(0.5)

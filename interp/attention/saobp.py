@@ -48,6 +48,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -55,7 +56,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.attention.metrics import KeyMask, _check_pattern
+from interp.attention.metrics import KeyMask, _check_pattern, check_key_mask
 from interp.errors import InterpError
 from interp.typing import Pattern
 
@@ -76,11 +77,11 @@ def _beta_for(pattern: Tensor, beta: Beta) -> float | Tensor:
     if isinstance(beta, bool) or not isinstance(beta, (int, float, Tensor)):
         raise InterpError(f"beta must be a float or a per-head tensor, got {type(beta).__name__}.")
     if not isinstance(beta, Tensor):
-        if not beta >= 0:
-            raise InterpError(f"beta must be >= 0 (the Potts factor is repulsive), got {beta!r}.")
+        if not 0 <= beta < math.inf:
+            raise InterpError(f"beta must be finite and >= 0 (the Potts factor is repulsive), got {beta!r}.")
         return float(beta)
-    if bool((beta.detach() < 0).any()) or bool(beta.detach().isnan().any()):
-        raise InterpError("beta must be >= 0 everywhere; keep a learnable beta positive with softplus.")
+    if bool((beta.detach() < 0).any()) or not bool(torch.isfinite(beta.detach()).all()):
+        raise InterpError("beta must be finite and >= 0 everywhere; keep a learnable beta positive with softplus.")
     if beta.ndim == 0:
         return beta
     if beta.ndim == 1:
@@ -106,11 +107,7 @@ def _valid_entries(pattern: Tensor, key_mask: KeyMask | None) -> Tensor:
     """Entries that may carry mass in the refined pattern: nonzero in A and not padded."""
     valid = pattern > 0
     if key_mask is not None:
-        if key_mask.dtype != torch.bool or key_mask.shape[-1] != pattern.shape[-1]:
-            raise InterpError(
-                f"key_mask must be a bool tensor [..., key] with {pattern.shape[-1]} keys, "
-                f"got {key_mask.dtype} {tuple(key_mask.shape)}."
-            )
+        check_key_mask(key_mask, pattern)
         valid = valid & key_mask.unsqueeze(-2)
     return valid
 
@@ -189,6 +186,8 @@ def saobp(
     chunk: int | None = None,
     scores: Scores | None = None,
     key_mask: KeyMask | None = None,
+    *,
+    check: bool = True,
 ) -> Pattern:
     """Refine attention patterns with one step of repulsive-Potts belief propagation.
 
@@ -214,6 +213,9 @@ def saobp(
             When None, ``log A`` is used (equal to ``S`` up to a per-row constant).
         key_mask: ``[..., key]`` bool, True for real keys. Masked keys get zero mass in the
             result even if ``pattern`` gives them some.
+        check: validate the pattern's values (finite, non-negative, rows summing to 1 or 0;
+            see :func:`interp.attention.metrics.entropy`). The inference hook passes False:
+            it refines the model's own softmax output.
 
     Returns:
         The refined pattern ``B``, same shape and dtype as ``pattern``. Entries that are
@@ -221,7 +223,8 @@ def saobp(
         input bitwise.
 
     Raises:
-        InterpError: bad mode, negative beta, a non-square pattern, or mismatched shapes.
+        InterpError: bad mode, negative or non-finite beta, a non-square pattern, a pattern
+            that is not a stack of distributions, NaN or +inf scores, or mismatched shapes.
 
     Example:
         >>> import torch
@@ -229,7 +232,7 @@ def saobp(
         >>> saobp(a, beta=2.0)[2]
         tensor([0.3071, 0.4513, 0.2416])
     """
-    _check_pattern(pattern, square=True)
+    _check_pattern(pattern, square=True, check=check)
     if mode not in MODES:
         raise InterpError(f"Unknown SAOBP mode {mode!r}; use one of {', '.join(MODES)}.")
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
@@ -238,6 +241,8 @@ def saobp(
         raise InterpError(
             f"scores {tuple(scores.shape)} must match the pattern {tuple(pattern.shape)} in its last two axes."
         )
+    if scores is not None and bool((scores.isnan() | (scores == math.inf)).any()):
+        raise InterpError("scores contain NaN or +inf; pre-softmax scores are finite (-inf only at masked keys).")
     beta = _beta_for(pattern, beta)
     zero = _is_zero(beta)
     if isinstance(zero, bool) and zero:
@@ -287,6 +292,6 @@ def saobp_hook(beta: Beta, mode: Mode = "exact", chunk: int | None = None) -> Ca
     _beta_for(probe, beta)
 
     def hook_fn(pattern: Tensor, hook: Any) -> Tensor:  # [batch, head, query, key]
-        return saobp(pattern, beta, mode=mode, chunk=chunk)
+        return saobp(pattern, beta, mode=mode, chunk=chunk, check=False)  # the model's own softmax output
 
     return hook_fn

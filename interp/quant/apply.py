@@ -222,15 +222,16 @@ class _LayerFeeder:
 
 def _check_quantizable(model: Any) -> None:
     try:
-        found = hooks.linear_modules(model, 0)
+        found = hooks.linear_weights(model, 0)
     except (AttributeError, TypeError, IndexError):
         found = {}
-    missing = [r for r in ROLES if r not in found]
+    needed = [r for r in ROLES if r != "gate" or hooks.is_gated(model)]
+    missing = [r for r in needed if r not in found]
     if missing:
         arch = getattr(getattr(model, "info", None), "architecture", type(model).__name__)
         raise ComponentError(
-            f"quantize needs blocks with q/k/v/o/gate/up/down linear layers (llama- or gemma-style); "
-            f"{arch} lacks {', '.join(missing)}."
+            f"quantize needs blocks with q/k/v/o and up/down (and gate, when gated) linear layers, separate or "
+            f"fused; {arch} lacks {', '.join(missing)}."
         )
 
 
@@ -296,35 +297,32 @@ def quantize(
 
 def _quantize_block(qmodel: Any, layer: int, spec: MethodSpec, feeder: _LayerFeeder | None, info: QuantInfo) -> float:
     """Quantize block ``layer`` in place, sub-layer group by group; returns calibration seconds."""
-    modules = hooks.linear_modules(qmodel, layer)
+    slots = hooks.linear_weights(qmodel, layer)
     calibration_seconds = 0.0
     for group in SHARED_INPUT_GROUPS:
-        roles = [r for r in group if r in modules]
+        roles = [r for r in group if r in slots]
+        if not roles:
+            continue
         inputs = None
         if feeder is not None:
             tick = time.perf_counter()
             inputs = feeder.inputs(layer, roles[0])
             calibration_seconds += time.perf_counter() - tick
         for role in roles:
-            weight = _weight(modules[role])
+            # [out, in] even where the model stores [in, out] (GPT-2's Conv1D) or fuses q/k/v
+            # or gate/up in one matrix: each logical matrix is quantized on its own
+            weight = slots[role].read().detach()
             tick = time.perf_counter()
-            quantized = quantize_weight(weight.detach(), spec, inputs)
+            quantized = quantize_weight(weight, spec, inputs)
             info.role_seconds[role] = info.role_seconds.get(role, 0.0) + time.perf_counter() - tick
-            info.relative_errors[f"{layer}.{role}"] = relative_error(weight.detach(), quantized)
-            with torch.no_grad():
-                weight.copy_(quantized)
+            info.relative_errors[f"{layer}.{role}"] = relative_error(weight, quantized)
+            slots[role].write(quantized)
         del inputs
     if feeder is not None:
         tick = time.perf_counter()
         feeder.advance(layer)
         calibration_seconds += time.perf_counter() - tick
     return calibration_seconds
-
-
-def _weight(module: torch.nn.Module) -> torch.Tensor:
-    weight = module.weight
-    assert isinstance(weight, torch.Tensor)
-    return weight
 
 
 def _label(qmodel: Any, reference: Any, info: QuantInfo) -> None:
@@ -355,9 +353,9 @@ def save_quantized(model: Any, path: str | os.PathLike[str]) -> Path:
         raise InterpError("save_quantized needs a model returned by interp.quant.quantize (it has no quant_info).")
     out = ensure_writable_dir(Path(path))
     tensors = {
-        f"{layer}.{role}": _weight(module).detach().cpu().contiguous()
+        f"{layer}.{role}": slot.read().detach().cpu().contiguous()
         for layer in range(hooks.n_layers(model))
-        for role, module in hooks.linear_modules(model, layer).items()
+        for role, slot in hooks.linear_weights(model, layer).items()
     }
     tmp = out / (WEIGHTS_FILE + ".partial")
     save_file(tensors, str(tmp))
@@ -398,8 +396,8 @@ def load_quantized(reference: Any, path: str | os.PathLike[str]) -> Any:
     qmodel.eval()
     with torch.no_grad():
         for layer in range(hooks.n_layers(qmodel)):
-            for role, module in hooks.linear_modules(qmodel, layer).items():
-                _weight(module).copy_(tensors[f"{layer}.{role}"])
+            for role, slot in hooks.linear_weights(qmodel, layer).items():
+                slot.write(tensors[f"{layer}.{role}"])
     fields = {f.name for f in dataclasses.fields(QuantInfo)}
     _label(qmodel, reference, QuantInfo(**{k: v for k, v in record.items() if k in fields}))
     return qmodel

@@ -62,6 +62,12 @@ __all__ = [
     "relative_output_error",
 ]
 
+# Largest |w| accepted. The quantizers work in float32 (max 3.4e38): a group's span
+# (max - min) reaches 2|w|, GPTQ/AWQ form squared errors of |w| summed over d_in, and HQQ
+# raises |w| to small powers, so |w| must stay many orders below sqrt(3.4e38) ~ 1.8e19.
+# Trained weights are below ~1e3.
+MAX_ABS_WEIGHT = 1e15
+
 Weight = Float[Tensor, "d_out d_in"]
 Calibration = Float[Tensor, "n_tokens d_in"]
 Codebook = Float[Tensor, " levels"]
@@ -161,9 +167,18 @@ def _checked_calibration(X: object, spec: MethodSpec, d_in: int) -> Tensor:
     if not bool(torch.isfinite(flat).all()):
         raise NonFiniteError("calibration_inputs contain NaN or inf")
     return flat
+    if W.numel() == 0:
+        raise SpecError(f"quantize_weight needs a non-empty weight, got shape {tuple(W.shape)}")
 
 
 # --- min-max grids (rtn, gptq, awq) -------------------------------------------------
+    largest = float(weight.abs().max())
+    if largest > MAX_ABS_WEIGHT:
+        raise SpecError(
+            f"the weight has an entry of magnitude {largest:.3g}, beyond the {MAX_ABS_WEIGHT:.0e} the quantizers "
+            "support in float32 (group spans, squares and scales would overflow to inf and give NaN); "
+            "no trained model has such weights: check how this one was loaded"
+        )
 
 
 @dataclass(frozen=True)
@@ -185,6 +200,11 @@ class MinMaxGrid:
 
     @classmethod
     def fit(cls, values: Tensor, bits: int, dim: int = -1, integer_zero: bool = False) -> MinMaxGrid:
+    if float(flat.abs().max()) > MAX_ABS_WEIGHT:
+        raise NonFiniteError(
+            f"calibration_inputs reach {float(flat.abs().max()):.3g}; their Hessian X^T X would overflow float32 "
+            "(activations of a sound model stay far below 1e15)"
+        )
         """Fit one grid per slice of ``values`` along ``dim``.
 
         Float zero-point: the grid runs exactly from the group's min to its max.

@@ -164,6 +164,11 @@ class MethodSpec:
     params: Mapping[str, OptionValue] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.method, str):
+            raise SpecError(f"method must be a name such as 'rtn', got {type(self.method).__name__}; "
+                            f"valid methods: {_valid_methods()}")
+        if not isinstance(self.params, Mapping):
+            raise SpecError(f"params must be a mapping of option names to values, got {type(self.params).__name__}")
         syntax = _syntax(self.method)
         if isinstance(self.bits, bool) or not isinstance(self.bits, int):
             raise SpecError(f"bits must be an integer, got {self.bits!r}")
