@@ -32,6 +32,7 @@ import hashlib
 import importlib.util
 import json
 from collections.abc import Sequence
+import os
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -40,6 +41,7 @@ from typing import Any, Literal
 import torch
 
 from interp.errors import DataError
+from interp import validate
 from interp.typing import Tokens
 
 Split = Literal["eval", "calibration", "all"]
@@ -64,14 +66,34 @@ class Examples:
         ids: the source document id of each row.
         settings: how the rows were chosen (source, seq_len, seed, split, n).
     """
+        tokenizer: :func:`tokenizer_fingerprint` of the tokenizer that made the rows (``""``
+            when unknown, e.g. rows from :meth:`from_tokens`). Models check it, so rows of
+            another tokenizer are refused instead of scored as nonsense.
+        vocab_size: that tokenizer's vocabulary size (``0`` when unknown).
+
+    Example:
+        >>> import torch
+        >>> from interp.data import Examples
+        >>> ex = Examples.from_tokens(torch.arange(12).reshape(3, 4))
+        >>> len(ex), ex.seq_len, ex.ids
+        (3, 4, ['row0', 'row1', 'row2'])
+        >>> ex.subset([0, 2]).ids
+        ['row0', 'row2']
 
     tokens: Tokens
     texts: list[str]
     ids: list[str]
     settings: dict[str, Any] = field(default_factory=dict)
 
+    tokenizer: str = ""
+    vocab_size: int = 0
     def __post_init__(self) -> None:
         if self.tokens.ndim != 2:
+        if not isinstance(self.tokens, torch.Tensor):
+            raise DataError(f"Examples.tokens must be a tensor [N, T] of token ids; got {type(self.tokens).__name__}.")
+        if self.tokens.dtype not in _INTEGER_DTYPES:
+            raise DataError(f"Examples.tokens must hold integer token ids; got {self.tokens.dtype}. "
+                            "Use Examples.from_tokens(ids.long()) with whole-number ids.")
             raise DataError(f"Examples.tokens must be [N, T]; got shape {tuple(self.tokens.shape)}.")
         if not (len(self.texts) == len(self.ids) == self.tokens.shape[0]):
             raise DataError("Examples.tokens, texts and ids must have the same length.")
@@ -96,13 +118,44 @@ class Examples:
 
     @classmethod
     def from_tokens(cls, tokens: torch.Tensor, ids: Sequence[str] | None = None) -> "Examples":
-        """Wrap ready-made token rows (tests, prompts) as Examples."""
+        """Wrap ready-made token rows (tests, prompts) as Examples.
+
+        ``tokens`` must be an integer tensor ``[N, T]``; the tokenizer is unknown, so only
+        the id range is checked against a model.
+        """
+        if not isinstance(tokens, torch.Tensor) or tokens.dtype not in _INTEGER_DTYPES:
+            kind = tokens.dtype if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise DataError(f"Examples.from_tokens needs an integer tensor of token ids [N, T]; got {kind}. "
+                            "Convert with torch.tensor(rows, dtype=torch.long).")
+        if tokens.ndim != 2:
+            raise DataError(f"Examples.from_tokens needs token rows [N, T]; got shape {tuple(tokens.shape)}.")
         n = int(tokens.shape[0])
         ids_ = list(ids) if ids is not None else [f"row{i}" for i in range(n)]
         return cls(tokens=tokens.long(), texts=[""] * n, ids=ids_, settings={"source": "tokens"})
 
 
 def _package_data_dir(package: str) -> Path:
+_INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A short hash of a tokenizer's vocabulary (token -> id) and its special tokens.
+
+    Two tokenizers with the same fingerprint turn text into the same ids; rows made by one
+    are meaningful to a model of the other.
+    """
+    try:
+        vocab = tokenizer.get_vocab()
+    except AttributeError:
+        raise DataError(f"A Hugging Face tokenizer is needed (model.tokenizer); got {type(tokenizer).__name__}.") \
+            from None
+    digest = hashlib.sha256()
+    for token, index in sorted(vocab.items(), key=lambda item: item[1]):
+        digest.update(f"{index}\x00{token}\x01".encode("utf-8", "surrogatepass"))
+    digest.update(repr(sorted((getattr(tokenizer, "special_tokens_map", None) or {}).items())).encode())
+    return digest.hexdigest()[:16]
+
+
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise DataError(
@@ -265,10 +318,15 @@ def load_examples(
     Raises:
         DataError: unknown source, empty text, or fewer eligible documents than ``n``.
     """
-    if seq_len < 2:
-        raise DataError(f"seq_len must be at least 2 (BOS + one token); got {seq_len}.")
-    if n is not None and n < 1:
-        raise DataError(f"n must be a positive number of examples; got {n}.")
+    seq_len = validate.count(seq_len, "seq_len", minimum=2)  # BOS + at least one token
+    if n is not None:
+        n = validate.integer(n, "n", error=DataError)
+        if n < 1:
+            raise DataError(f"n must be a positive number of examples; got {n}.")
+    seed = validate.integer(seed, "seed", minimum=0, error=DataError)
+    if not isinstance(source, (str, os.PathLike)):
+        raise DataError(f"source must be 'wiki' or a path, got {type(source).__name__}.")
+    fingerprint = tokenizer_fingerprint(tokenizer)
     if split not in ("eval", "calibration", "all"):
         raise DataError(f"split must be 'eval', 'calibration' or 'all'; got {split!r}.")
     docs = read_documents(source)
@@ -294,3 +352,5 @@ def load_examples(
         ids=[docs[i].id for i in chosen],
         settings=settings,
     )
+        tokenizer=fingerprint,
+        vocab_size=len(tokenizer),

@@ -60,7 +60,7 @@ from interp import hooks
 from interp.data import Examples
 from interp.errors import ComponentError, InterpError, SpecError
 from interp.io import ensure_writable_dir, write_json
-from interp.probes import batches, show_progress
+from interp.probes import batches, check_examples, show_progress
 from interp.quant.methods import quantize_weight, relative_error
 from interp.quant.spec import MethodSpec, parse_spec
 
@@ -294,6 +294,8 @@ def quantize(
     _label(qmodel, model, info)
     return qmodel
 
+    if calibration is not None:
+        check_examples(model, calibration)  # rows within the context and vocabulary, same tokenizer
 
 def _quantize_block(qmodel: Any, layer: int, spec: MethodSpec, feeder: _LayerFeeder | None, info: QuantInfo) -> float:
     """Quantize block ``layer`` in place, sub-layer group by group; returns calibration seconds."""
