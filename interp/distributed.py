@@ -171,9 +171,9 @@ def merge_shards(store: Any, shards: Sequence[str | os.PathLike[str]]) -> int:
                 db.execute("BEGIN IMMEDIATE")
                 before = db.total_changes
                 db.execute(
-                    "INSERT INTO main.scores (model, spec, example, nll, kl) "
-                    "SELECT model, spec, example, nll, kl FROM shard.scores WHERE true "
-                    "ON CONFLICT (model, spec, example) DO UPDATE SET kl = excluded.kl "
+                    "INSERT INTO main.scores (model, spec, example, row, nll, kl) "
+                    "SELECT model, spec, example, row, nll, kl FROM shard.scores WHERE true "
+                    "ON CONFLICT (model, spec, example, row) DO UPDATE SET kl = excluded.kl "
                     "WHERE scores.kl IS NULL AND excluded.kl IS NOT NULL")
                 added += db.total_changes - before
                 last = main.get_meta(key) or 0

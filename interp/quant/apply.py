@@ -43,16 +43,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
@@ -69,7 +71,7 @@ ROLES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 SHARED_INPUT_GROUPS: tuple[tuple[str, ...], ...] = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
 WEIGHTS_FILE = "quantized.safetensors"
 INFO_FILE = "quant.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: written whole and renamed once; the label carries the weights' SHA-256
 
 
 @dataclass(frozen=True)
@@ -346,9 +348,19 @@ def _label(qmodel: Any, reference: Any, info: QuantInfo) -> None:
 def save_quantized(model: Any, path: str | os.PathLike[str]) -> Path:
     """Write a quantized model's block weights (safetensors) and its :class:`QuantInfo` (JSON).
 
-    Only the quantized weights are written (the rest equals the reference). The JSON is
-    written last and records the weights file's size, so a half-written folder is never
-    taken for a complete one.
+    Only the quantized weights are written (the rest equals the reference). The folder is
+    written whole into a temporary sibling and renamed into place once, so ``path`` is either
+    absent, the previous folder, or complete; never weights of one spec under the label of
+    another. The JSON records the weights file's size and SHA-256, checked on load.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> import interp
+        >>> from interp.quant import quantize, save_quantized
+        >>> qmodel = quantize(interp.tiny_model("llama"), "rtn:bits=4,group=32", progress=False)
+        >>> folder = save_quantized(qmodel, pathlib.Path(tempfile.mkdtemp()) / "rtn4")
+        >>> sorted(p.name for p in folder.iterdir())
+        ['quant.json', 'quantized.safetensors']
     """
     info: QuantInfo | None = getattr(model, "quant_info", None)
     if info is None:
@@ -359,11 +371,16 @@ def save_quantized(model: Any, path: str | os.PathLike[str]) -> Path:
         for layer in range(hooks.n_layers(model))
         for role, slot in hooks.linear_weights(model, layer).items()
     }
-    tmp = out / (WEIGHTS_FILE + ".partial")
-    save_file(tensors, str(tmp))
-    os.replace(tmp, out / WEIGHTS_FILE)
-    record = {"format": FORMAT_VERSION, "weights_bytes": (out / WEIGHTS_FILE).stat().st_size, **info.to_dict()}
-    write_json(out / INFO_FILE, record)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=parent))
+    try:
+        save_file(tensors, str(tmp / WEIGHTS_FILE))
+        record = {"format": FORMAT_VERSION, "weights_bytes": (tmp / WEIGHTS_FILE).stat().st_size,
+                  "weights_sha256": _file_sha256(tmp / WEIGHTS_FILE), **info.to_dict()}
+        write_json(tmp / INFO_FILE, record)
+        _replace_folder(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out
 
 
@@ -375,7 +392,8 @@ def read_quant_info(path: str | os.PathLike[str]) -> dict[str, Any] | None:
         complete = (folder / WEIGHTS_FILE).stat().st_size == record.get("weights_bytes")
     except (OSError, json.JSONDecodeError):
         return None
-    return record if complete and record.get("format") == FORMAT_VERSION else None
+    has_hash = isinstance(record.get("weights_sha256"), str)
+    return record if complete and has_hash and record.get("format") == FORMAT_VERSION else None
 
 
 def load_quantized(reference: Any, path: str | os.PathLike[str]) -> Any:
@@ -392,6 +410,25 @@ def load_quantized(reference: Any, path: str | os.PathLike[str]) -> Any:
         raise InterpError(
             f"The quantized weights in {path} were made from model {record['reference_hash']}, "
             f"not from this reference ({expected}). Quantize this model again."
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _replace_folder(new: Path, target: Path) -> None:
+    """Put the complete folder ``new`` at ``target`` with one rename (an old ``target`` is moved aside first)."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        os.replace(target, old)
+    os.replace(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
         )
     tensors = load_file(str(Path(path) / WEIGHTS_FILE))
     qmodel = copy.deepcopy(reference)
@@ -429,13 +466,21 @@ def quantize_cached(
     """
     from interp.models import cache_dir as default_cache
 
+    if _file_sha256(Path(path) / WEIGHTS_FILE) != record["weights_sha256"]:
+        raise InterpError(
+            f"The weights in {path} are not the ones its {INFO_FILE} describes ({record['spec']}): the folder "
+            "was changed or mixed up after it was written. Delete it and quantize again."
+        )
     root = ensure_writable_dir(Path(cache_dir) if cache_dir is not None else default_cache() / "quantized")
     folder = root / cache_key(reference, spec, calibration)
     # One process quantizes; another asking for the same model waits, then loads its result.
-    with open(root / f"{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if read_quant_info(folder) is not None:
-            return load_quantized(reference, folder)
+    with FileLock(str(root / f"{folder.name}.lock")):
+        record = read_quant_info(folder)
+        if record is not None and record.get("spec") == str(spec):
+            try:
+                return load_quantized(reference, folder)
+            except InterpError:
+                pass  # a damaged or mislabelled folder: quantize again and replace it
         qmodel = quantize(reference, spec, calibration=calibration, progress=progress, batch_size=batch_size)
         save_quantized(qmodel, folder)
     return qmodel

@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -47,16 +48,19 @@ from tqdm.auto import tqdm
 
 from interp.data import Examples
 from interp.errors import InterpError, NonFiniteError, SpecError
-from interp.probes import batches, check_context, show_progress
+from interp import validate
+from interp.probes import batches, check_examples, show_progress
 from interp.quant.apply import model_hash, quantize_cached
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.scoring import fast_forward, model_logits, token_kl, token_nll, token_nll_fn
 
 REFERENCE = "reference"
 STORE_FILE = "scores.sqlite"
+# ``row`` is a content hash of the example's token ids (:func:`row_hash`): a score is reused
+# only for the very same tokens, never for another text behind the same example id.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS scores (
-    model TEXT NOT NULL, spec TEXT NOT NULL, example TEXT NOT NULL,
+    model TEXT NOT NULL, spec TEXT NOT NULL, example TEXT NOT NULL, row TEXT NOT NULL,
     nll REAL NOT NULL, kl REAL,
     PRIMARY KEY (model, spec, example)
 ) WITHOUT ROWID;
@@ -66,7 +70,36 @@ CREATE TABLE IF NOT EXISTS batches (
     n INTEGER NOT NULL, seconds REAL NOT NULL, pid INTEGER NOT NULL, finished REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS leases (
+    batch TEXT PRIMARY KEY, pid INTEGER NOT NULL, expires REAL NOT NULL
+) WITHOUT ROWID;
 """
+COLUMNS = {
+    "scores": ["model", "spec", "example", "row", "nll", "kl"],
+    "batches": ["id", "model", "spec", "first_example", "n", "seconds", "pid", "finished"],
+    "meta": ["key", "value"],
+    "leases": ["batch", "pid", "expires"],
+}
+LEASE_SECONDS = 900.0  # a writer that died mid-batch holds it this long at most
+
+
+def row_hash(tokens: torch.Tensor) -> str:
+    """Content hash of one token row (sha256 of its int64 bytes, 16 hex digits)."""
+    return hashlib.sha256(tokens.to(torch.int64).cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+def row_hashes(examples: Examples) -> list[str]:
+    return [row_hash(row) for row in examples.tokens]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class ScoreStore:
@@ -94,7 +127,23 @@ class ScoreStore:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(SCHEMA)
         except sqlite3.DatabaseError as exc:
-            raise InterpError(f"{self.path} is not a usable score store ({exc}). Use another --out.") from None
+            raise InterpError(f"{self.path} is not a usable score store ({exc}). It is not an SQLite file "
+                              "written by interp: use another --out (or move the file away).") from None
+
+    def _check_schema(self) -> None:
+        """Refuse an SQLite file whose tables are not this store's (another program's, or an older interp's)."""
+        tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables.discard("sqlite_sequence")
+        foreign = sorted(tables - set(COLUMNS))
+        wrong = sorted(t for t in tables & set(COLUMNS)
+                       if [r[1] for r in self._db.execute(f"PRAGMA table_info({t})")] != COLUMNS[t])
+        if foreign or wrong:
+            self._db.close()
+            raise InterpError(
+                f"{self.path} is an SQLite file but not a score store of this interp version (unexpected tables "
+                f"{foreign or wrong}; an older store has no token-row hashes). Use another --out, or move the "
+                "file away to score again from scratch."
+            )
 
     # -- context management ---------------------------------------------------------
     def close(self) -> None:
@@ -104,6 +153,7 @@ class ScoreStore:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+            self._check_schema()
         self.close()
 
     # -- metadata -------------------------------------------------------------------
@@ -143,6 +193,18 @@ class ScoreStore:
         return [row[0] for row in self._db.execute("SELECT DISTINCT model FROM scores ORDER BY model")]
 
     def specs(self, model: str | None = None) -> list[str]:
+    def check_model(self, model: str) -> None:
+        """Record (or check) the one reference model this store holds; refuse a second before any write."""
+        stored = self.get_meta("reference_model")
+        others = [m for m in self.models() if m != model]
+        if (stored is not None and stored != model) or others:
+            raise InterpError(
+                f"The store {self.path} holds scores of reference model {stored or others[0]}, not of this one "
+                f"({model}). One store holds one reference model: use another output folder for this model."
+            )
+        if stored is None:
+            self.set_meta("reference_model", model)
+
         model = self._model(model)
         rows = self._db.execute("SELECT DISTINCT spec FROM scores WHERE model = ? ORDER BY spec", (model,))
         return [row[0] for row in rows]
@@ -158,7 +220,12 @@ class ScoreStore:
     def _frame(self, column: str, model: str | None, specs: Sequence[str] | None,
                ids: Sequence[str] | None) -> pd.DataFrame:
         model = self._model(model)
-        rows = self._db.execute(f"SELECT example, spec, {column} FROM scores WHERE model = ?", (model,)).fetchall()
+        # Only scores of the token row the reference was last scored on count for an example id
+        # (a changed text behind an id leaves its old scores behind, unused).
+        rows = self._db.execute(
+            f"SELECT s.example, s.spec, s.{column} FROM scores s JOIN scores r ON r.model = s.model "
+            "AND r.example = s.example AND r.row = s.row AND r.spec = ? WHERE s.model = ?",
+            (REFERENCE, model)).fetchall()
         long = pd.DataFrame(rows, columns=["example", "spec", column])
         wide = long.pivot(index="example", columns="spec", values=column)
         wide.columns.name = None
@@ -240,8 +307,12 @@ class ScoreStore:
 
     # -- writing --------------------------------------------------------------------
     def write_batch(self, model: str, spec: str, ids: Sequence[str], nll: Sequence[float],
-                    kl: Sequence[float] | None = None, seconds: float = 0.0) -> None:
-        """Store one batch atomically: its scores and its log row, or nothing."""
+                    kl: Sequence[float] | None = None, seconds: float = 0.0, rows: Sequence[str] | None = None,
+                    lease: str | None = None) -> None:
+        """Store one batch atomically: its scores, its log row and the release of its lease, or nothing.
+
+        ``rows`` are the :func:`row_hash` of each example's tokens (``""`` when unknown).
+        """
         kl_values: Sequence[float | None] = kl if kl is not None else [None] * len(ids)
         rows = [(model, spec, str(i), float(v), None if k is None else float(k))
                 for i, v, k in zip(ids, nll, kl_values, strict=True)]
@@ -251,6 +322,30 @@ class ScoreStore:
                 "INSERT INTO scores (model, spec, example, nll, kl) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (model, spec, example) DO UPDATE SET kl = excluded.kl "
                 "WHERE scores.kl IS NULL AND excluded.kl IS NOT NULL",
+    def take_lease(self, batch: str, done: Callable[[], bool], seconds: float = LEASE_SECONDS) -> bool:
+        """Lease ``batch`` to this process unless it is done or leased by another live writer.
+
+        Returns True when this process should compute the batch now. A lease whose writer died
+        (its pid is gone) or that expired is taken over. ``done()`` is asked inside the same
+        write transaction, so a batch stored by another writer a moment ago is not taken again.
+        """
+        now, pid = time.time(), os.getpid()
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if done():
+                return False
+            held = self._db.execute("SELECT pid, expires FROM leases WHERE batch = ?", (batch,)).fetchone()
+            if held is not None and held[0] != pid and held[1] > now and _alive(int(held[0])):
+                return False
+            self._db.execute("INSERT OR REPLACE INTO leases (batch, pid, expires) VALUES (?, ?, ?)",
+                             (batch, pid, now + seconds))
+            return True
+        finally:
+            self._db.execute("COMMIT")
+
+    def release_lease(self, batch: str) -> None:
+        self._db.execute("DELETE FROM leases WHERE batch = ? AND pid = ?", (batch, os.getpid()))
+
                 rows,
             )
             self._db.execute(
@@ -266,6 +361,12 @@ class ScoreStore:
 
 
 # ---------------------------------------------------------------------------------------
+            if spec == REFERENCE:  # the reference's newest row defines each example id (see _frame)
+                self._db.executemany(
+                    "DELETE FROM scores WHERE model = ? AND spec = ? AND example = ? AND row != ?",
+                    [(model, spec, str(i), h) for i, h in zip(ids, hashes, strict=True)])
+            if lease is not None:
+                self._db.execute("DELETE FROM leases WHERE batch = ?", (lease,))
 # Scoring
 
 
@@ -276,10 +377,15 @@ def _unique_specs(specs: Sequence[str | MethodSpec]) -> list[MethodSpec]:
     return list(dict.fromkeys(parsed))
 
 
-def _pending(store: ScoreStore, model: str, spec: str, ids: Sequence[str],
+def _pending(store: ScoreStore, model: str, spec: str, ids: Sequence[str], rows: Sequence[str],
              chunks: Sequence[tuple[int, int]], need_kl: bool) -> list[tuple[int, int]]:
     done = store.done(model, spec, need_kl)
-    return [(s, e) for s, e in chunks if not all(i in done for i in ids[s:e])]
+    return [(s, e) for s, e in chunks if not all(pair in done for pair in zip(ids[s:e], rows[s:e]))]
+
+
+def _batch_key(model: str, spec: str, ids: Sequence[str], rows: Sequence[str]) -> str:
+    text = "\x00".join([model, spec, *ids, *rows])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def _scorer(model: Any, reference: Any | None) -> Callable[
@@ -315,7 +421,32 @@ def _run_pass(store: ScoreStore, key: str, spec: str, model: Any, reference: Any
         return
     score_batch = _scorer(model, reference)
     device = next(model.original_model.parameters()).device
-    for start, end in todo:
+    waiting = list(todo)
+    while waiting:
+        deferred = []
+        for start, end in waiting:
+            ids, hashes = examples.ids[start:end], rows[start:end]
+            lease = _batch_key(key, spec, ids, hashes)
+            def stored(ids: Sequence[str] = ids, hashes: Sequence[str] = hashes) -> bool:
+                have = store.done(key, spec, need_kl)
+                return all(pair in have for pair in zip(ids, hashes))
+
+            if store.take_lease(lease, stored):
+                _score_batch(store, key, spec, score_batch, examples, (start, end), hashes, lease, reference, device)
+            elif not stored():
+                deferred.append((start, end))
+                continue
+            bar.update(1)
+        if deferred:
+            time.sleep(poll_seconds)
+        waiting = deferred
+
+
+def _score_batch(store: ScoreStore, key: str, spec: str, score_batch: Any, examples: Examples,
+                 span: tuple[int, int], hashes: Sequence[str], lease: str, reference: Any | None,
+                 device: Any) -> None:
+    start, end = span
+    try:
         tick = time.perf_counter()
         with torch.no_grad():
             nll, kl, per_token = score_batch(examples.tokens[start:end].to(device))
@@ -333,6 +464,7 @@ def _run_pass(store: ScoreStore, key: str, spec: str, model: Any, reference: Any
 
 
 def score(
+    rows = row_hashes(examples)
     reference: Any,
     specs: Sequence[str | MethodSpec],
     examples: Examples,
@@ -368,7 +500,8 @@ def score(
                         "interp.load_examples(..., split='calibration').")
     if len(set(examples.ids)) != len(examples.ids):
         raise InterpError("score needs unique example ids; these examples repeat some.")
-    check_context(reference, examples.tokens)
+    check_examples(reference, examples)
+    batch_size = validate.batch_size(batch_size)
     own_store = not isinstance(store, ScoreStore)
     st = store if isinstance(store, ScoreStore) else ScoreStore(store)
     try:
@@ -376,8 +509,9 @@ def score(
         st.check_examples(key, examples)
         chunks = list(batches(len(examples), batch_size))
         names = [str(s) for s in parsed]
-        plan = {REFERENCE: _pending(st, key, REFERENCE, examples.ids, chunks, False)}
-        plan.update({name: _pending(st, key, name, examples.ids, chunks, kl) for name in names})
+        rows = row_hashes(examples)
+        plan = {REFERENCE: _pending(st, key, REFERENCE, examples.ids, rows, chunks, False)}
+        plan.update({name: _pending(st, key, name, examples.ids, rows, chunks, kl) for name in names})
         cache = Path(cache_dir) if cache_dir is not None else st.folder / "quantized"
         bar = tqdm(total=sum(len(v) for v in plan.values()), desc="score", unit="batch",
                    disable=not show_progress(progress))
@@ -387,10 +521,12 @@ def score(
                 bar.set_postfix_str(spec.method + str(spec.bits))
                 qmodel = quantize_cached(reference, spec, calibration if spec.needs_calibration else None,
                                          cache_dir=cache, progress=progress)
-                _run_pass(st, key, str(spec), qmodel, reference if kl else None, examples, plan[str(spec)], bar)
+                _run_pass(st, key, str(spec), qmodel, reference if kl else None, examples, plan[str(spec)], bar,
+                          need_kl=kl)
                 del qmodel
         bar.close()
         return st.errors_frame(key, names, examples.ids, complete=False)
     finally:
         if own_store:
             st.close()
+        st.check_model(key)  # before anything is written
