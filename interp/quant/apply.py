@@ -365,7 +365,8 @@ def save_quantized(model: Any, path: str | os.PathLike[str]) -> Path:
     info: QuantInfo | None = getattr(model, "quant_info", None)
     if info is None:
         raise InterpError("save_quantized needs a model returned by interp.quant.quantize (it has no quant_info).")
-    out = ensure_writable_dir(Path(path))
+    out = Path(path)
+    parent = ensure_writable_dir(out.parent)
     tensors = {
         f"{layer}.{role}": slot.read().detach().cpu().contiguous()
         for layer in range(hooks.n_layers(model))
@@ -382,6 +383,25 @@ def save_quantized(model: Any, path: str | os.PathLike[str]) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _replace_folder(new: Path, target: Path) -> None:
+    """Put the complete folder ``new`` at ``target`` with one rename (an old ``target`` is moved aside first)."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        os.replace(target, old)
+    os.replace(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def read_quant_info(path: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -410,25 +430,11 @@ def load_quantized(reference: Any, path: str | os.PathLike[str]) -> Any:
         raise InterpError(
             f"The quantized weights in {path} were made from model {record['reference_hash']}, "
             f"not from this reference ({expected}). Quantize this model again."
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _replace_folder(new: Path, target: Path) -> None:
-    """Put the complete folder ``new`` at ``target`` with one rename (an old ``target`` is moved aside first)."""
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}-{time.monotonic_ns()}")
-        os.replace(target, old)
-    os.replace(new, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
+        )
+    if _file_sha256(Path(path) / WEIGHTS_FILE) != record["weights_sha256"]:
+        raise InterpError(
+            f"The weights in {path} are not the ones its {INFO_FILE} describes ({record['spec']}): the folder "
+            "was changed or mixed up after it was written. Delete it and quantize again."
         )
     tensors = load_file(str(Path(path) / WEIGHTS_FILE))
     qmodel = copy.deepcopy(reference)
@@ -466,12 +472,8 @@ def quantize_cached(
     """
     from interp.models import cache_dir as default_cache
 
-    if _file_sha256(Path(path) / WEIGHTS_FILE) != record["weights_sha256"]:
-        raise InterpError(
-            f"The weights in {path} are not the ones its {INFO_FILE} describes ({record['spec']}): the folder "
-            "was changed or mixed up after it was written. Delete it and quantize again."
-        )
     root = ensure_writable_dir(Path(cache_dir) if cache_dir is not None else default_cache() / "quantized")
+    spec = parse_spec(spec)
     folder = root / cache_key(reference, spec, calibration)
     # One process quantizes; another asking for the same model waits, then loads its result.
     with FileLock(str(root / f"{folder.name}.lock")):
