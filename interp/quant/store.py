@@ -62,7 +62,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS scores (
     model TEXT NOT NULL, spec TEXT NOT NULL, example TEXT NOT NULL, row TEXT NOT NULL,
     nll REAL NOT NULL, kl REAL,
-    PRIMARY KEY (model, spec, example)
+    PRIMARY KEY (model, spec, example, row)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS batches (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -109,6 +109,18 @@ class ScoreStore:
         path: a folder (the file is ``scores.sqlite`` inside it) or a ``.sqlite``/``.db`` file.
 
     Several processes may read while one writes (WAL mode); writers wait for each other.
+
+    Example:
+        >>> import pathlib, tempfile, torch
+        >>> import interp
+        >>> from interp.quant import ScoreStore, score
+        >>> model = interp.tiny_model("llama")
+        >>> ex = interp.Examples.from_tokens(torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0)))
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "scores.sqlite"
+        >>> _ = score(model, ["rtn:bits=4,group=32"], ex, store=path, progress=False)
+        >>> store = ScoreStore(path)
+        >>> store.specs(), store.errors_frame().shape
+        (['reference', 'rtn:bits=4,group=32,zero=float'], (4, 1))
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -125,6 +137,7 @@ class ScoreStore:
             self._db = sqlite3.connect(self.path, timeout=120, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
+            self._check_schema()
             self._db.executescript(SCHEMA)
         except sqlite3.DatabaseError as exc:
             raise InterpError(f"{self.path} is not a usable score store ({exc}). It is not an SQLite file "
@@ -153,7 +166,6 @@ class ScoreStore:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-            self._check_schema()
         self.close()
 
     # -- metadata -------------------------------------------------------------------
@@ -181,18 +193,6 @@ class ScoreStore:
                 "Use another output folder for a different data source or sequence length."
             )
 
-    # -- reading --------------------------------------------------------------------
-    def done(self, model: str, spec: str, need_kl: bool = False) -> set[str]:
-        """Example ids already scored for (model, spec) (with a KL value, if ``need_kl``)."""
-        query = "SELECT example FROM scores WHERE model = ? AND spec = ?"
-        if need_kl:
-            query += " AND kl IS NOT NULL"
-        return {row[0] for row in self._db.execute(query, (model, spec))}
-
-    def models(self) -> list[str]:
-        return [row[0] for row in self._db.execute("SELECT DISTINCT model FROM scores ORDER BY model")]
-
-    def specs(self, model: str | None = None) -> list[str]:
     def check_model(self, model: str) -> None:
         """Record (or check) the one reference model this store holds; refuse a second before any write."""
         stored = self.get_meta("reference_model")
@@ -205,6 +205,18 @@ class ScoreStore:
         if stored is None:
             self.set_meta("reference_model", model)
 
+    # -- reading --------------------------------------------------------------------
+    def done(self, model: str, spec: str, need_kl: bool = False) -> set[tuple[str, str]]:
+        """(example id, row hash) pairs already scored for (model, spec) (with KL, if ``need_kl``)."""
+        query = "SELECT example, row FROM scores WHERE model = ? AND spec = ?"
+        if need_kl:
+            query += " AND kl IS NOT NULL"
+        return {(row[0], row[1]) for row in self._db.execute(query, (model, spec))}
+
+    def models(self) -> list[str]:
+        return [row[0] for row in self._db.execute("SELECT DISTINCT model FROM scores ORDER BY model")]
+
+    def specs(self, model: str | None = None) -> list[str]:
         model = self._model(model)
         rows = self._db.execute("SELECT DISTINCT spec FROM scores WHERE model = ? ORDER BY spec", (model,))
         return [row[0] for row in rows]
@@ -306,22 +318,6 @@ class ScoreStore:
         atomic_write_bytes(folder / f"{name}.parquet", buffer.getvalue())
 
     # -- writing --------------------------------------------------------------------
-    def write_batch(self, model: str, spec: str, ids: Sequence[str], nll: Sequence[float],
-                    kl: Sequence[float] | None = None, seconds: float = 0.0, rows: Sequence[str] | None = None,
-                    lease: str | None = None) -> None:
-        """Store one batch atomically: its scores, its log row and the release of its lease, or nothing.
-
-        ``rows`` are the :func:`row_hash` of each example's tokens (``""`` when unknown).
-        """
-        kl_values: Sequence[float | None] = kl if kl is not None else [None] * len(ids)
-        rows = [(model, spec, str(i), float(v), None if k is None else float(k))
-                for i, v, k in zip(ids, nll, kl_values, strict=True)]
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany(
-                "INSERT INTO scores (model, spec, example, nll, kl) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (model, spec, example) DO UPDATE SET kl = excluded.kl "
-                "WHERE scores.kl IS NULL AND excluded.kl IS NOT NULL",
     def take_lease(self, batch: str, done: Callable[[], bool], seconds: float = LEASE_SECONDS) -> bool:
         """Lease ``batch`` to this process unless it is done or leased by another live writer.
 
@@ -346,8 +342,31 @@ class ScoreStore:
     def release_lease(self, batch: str) -> None:
         self._db.execute("DELETE FROM leases WHERE batch = ? AND pid = ?", (batch, os.getpid()))
 
-                rows,
+    def write_batch(self, model: str, spec: str, ids: Sequence[str], nll: Sequence[float],
+                    kl: Sequence[float] | None = None, seconds: float = 0.0, rows: Sequence[str] | None = None,
+                    lease: str | None = None) -> None:
+        """Store one batch atomically: its scores, its log row and the release of its lease, or nothing.
+
+        ``rows`` are the :func:`row_hash` of each example's tokens (``""`` when unknown).
+        """
+        kl_values: Sequence[float | None] = kl if kl is not None else [None] * len(ids)
+        hashes = list(rows) if rows is not None else [""] * len(ids)
+        records = [(model, spec, str(i), h, float(v), None if k is None else float(k))
+                   for i, h, v, k in zip(ids, hashes, nll, kl_values, strict=True)]
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(
+                "INSERT INTO scores (model, spec, example, row, nll, kl) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (model, spec, example, row) DO UPDATE SET kl = excluded.kl "
+                "WHERE scores.kl IS NULL AND excluded.kl IS NOT NULL",
+                records,
             )
+            if spec == REFERENCE:  # the reference's newest row defines each example id (see _frame)
+                self._db.executemany(
+                    "DELETE FROM scores WHERE model = ? AND spec = ? AND example = ? AND row != ?",
+                    [(model, spec, str(i), h) for i, h in zip(ids, hashes, strict=True)])
+            if lease is not None:
+                self._db.execute("DELETE FROM leases WHERE batch = ?", (lease,))
             self._db.execute(
                 "INSERT INTO batches (model, spec, first_example, n, seconds, pid, finished) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -361,12 +380,6 @@ class ScoreStore:
 
 
 # ---------------------------------------------------------------------------------------
-            if spec == REFERENCE:  # the reference's newest row defines each example id (see _frame)
-                self._db.executemany(
-                    "DELETE FROM scores WHERE model = ? AND spec = ? AND example = ? AND row != ?",
-                    [(model, spec, str(i), h) for i, h in zip(ids, hashes, strict=True)])
-            if lease is not None:
-                self._db.execute("DELETE FROM leases WHERE batch = ?", (lease,))
 # Scoring
 
 
@@ -416,9 +429,17 @@ def _scorer(model: Any, reference: Any | None) -> Callable[
 
 
 def _run_pass(store: ScoreStore, key: str, spec: str, model: Any, reference: Any | None,
-              examples: Examples, todo: Sequence[tuple[int, int]], bar: Any) -> None:
+              examples: Examples, todo: Sequence[tuple[int, int]], bar: Any, need_kl: bool = False,
+              poll_seconds: float = 0.2) -> None:
+    """Score the ``todo`` batches, each at most once across concurrent writers.
+
+    Each batch is leased in the store before it is computed; batches leased by another live
+    writer are skipped and retried after the others, until that writer stores them (or its
+    lease lapses and this process takes the batch over).
+    """
     if not todo:
         return
+    rows = row_hashes(examples)
     score_batch = _scorer(model, reference)
     device = next(model.original_model.parameters()).device
     waiting = list(todo)
@@ -459,12 +480,13 @@ def _score_batch(store: ScoreStore, key: str, spec: str, score_batch: Any, examp
         # and its rerun rewrites the same file
         store.write_token_nll(key, spec, examples.ids[start:end], per_token)
         store.write_batch(key, spec, examples.ids[start:end], nll.tolist(),
-                          None if kl is None else kl.tolist(), time.perf_counter() - tick)
-        bar.update(1)
+                          None if kl is None else kl.tolist(), time.perf_counter() - tick, rows=hashes, lease=lease)
+    except BaseException:
+        store.release_lease(lease)
+        raise
 
 
 def score(
-    rows = row_hashes(examples)
     reference: Any,
     specs: Sequence[str | MethodSpec],
     examples: Examples,
@@ -492,6 +514,17 @@ def score(
     Returns:
         DataFrame, index ``example`` (ids in the order of ``examples``), one float64 column
         per canonical spec: ``NLL(quantized) - NLL(reference)``.
+
+    Example:
+        >>> import pathlib, tempfile, torch
+        >>> import interp
+        >>> from interp.quant import score
+        >>> model = interp.tiny_model("llama")
+        >>> ex = interp.Examples.from_tokens(torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0)))
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "scores.sqlite"
+        >>> errors = score(model, ["rtn:bits=4,group=32", "nf:bits=4,group=32"], ex, store=path, progress=False)
+        >>> errors.columns.tolist(), errors.index.tolist()  # NLL(quantized) - NLL(reference) per example
+        (['rtn:bits=4,group=32,zero=float', 'nf:bits=4,group=32'], ['row0', 'row1', 'row2', 'row3'])
     """
     parsed = _unique_specs(specs)
     if calibration is None and any(s.needs_calibration for s in parsed):
@@ -506,6 +539,7 @@ def score(
     st = store if isinstance(store, ScoreStore) else ScoreStore(store)
     try:
         key = model_hash(reference)
+        st.check_model(key)  # before anything is written
         st.check_examples(key, examples)
         chunks = list(batches(len(examples), batch_size))
         names = [str(s) for s in parsed]
@@ -529,4 +563,3 @@ def score(
     finally:
         if own_store:
             st.close()
-        st.check_model(key)  # before anything is written
