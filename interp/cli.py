@@ -365,7 +365,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser; with ``only``, just that subcommand gets its options (the others stay cheap)."""
+    """The parser; with ``only``, just that subcommand gets its options (``""``: none), so the others'
+    option lists, which import the registries of valid names, are not built."""
     _register_optional_commands()
     parser = argparse.ArgumentParser(prog="interp", description=DESCRIPTION, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"interp {__version__}")
@@ -403,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _register_optional_commands()
         label = f"interp {name}" if name in COMMANDS else label
-        parser = build_parser(only=name if name in COMMANDS else None)
+        parser = build_parser(only=name if name in COMMANDS else "")  # --version/--help need no options
         if name is not None and name not in COMMANDS:
             parser.error(unknown_name("command", name, list(COMMANDS)))
         args = parser.parse_args(argv)

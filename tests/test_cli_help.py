@@ -117,3 +117,16 @@ def test_report_methods_split_through_the_spec_registry():
     text = "rtn:bits=3,group=64,gptq:bits=3;nf:bits=4 awq:bits=4,grid=10"
     assert split_specs(text) == ["rtn:bits=3,group=64", "gptq:bits=3", "nf:bits=4", "awq:bits=4,grid=10"]
     assert [str(s) for s in parse_spec_list(text)][-1] == "awq:bits=4,group=64,grid=10"
+
+
+def test_version_and_help_do_not_import_torch():
+    """`interp --version` and `interp --help` build no subcommand options, so they stay instant."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom interp.cli import main\n"
+            "for argv in (['--version'], ['--help']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -83,17 +83,14 @@ STORE_SPEC = "rtn:bits=3,group=64,zero=float"
 
 
 def _store(folder: Path, models: list[str]) -> None:
-    folder.mkdir()
-    db = sqlite3.connect(folder / "scores.sqlite")
-    db.execute("CREATE TABLE scores (model TEXT NOT NULL, spec TEXT NOT NULL, example TEXT NOT NULL, "
-               "nll REAL NOT NULL, kl REAL, PRIMARY KEY (model, spec, example)) WITHOUT ROWID")
-    for k, model in enumerate(models):  # model k's error is 0.5 + 0.25 k on every example
-        for i in range(4):
-            db.execute("INSERT INTO scores VALUES (?, ?, ?, ?, NULL)", (model, "reference", f"doc{i}", 2.0 + i))
-            db.execute("INSERT INTO scores VALUES (?, ?, ?, ?, NULL)",
-                       (model, STORE_SPEC, f"doc{i}", 2.5 + 0.25 * k + i))
-    db.commit()
-    db.close()
+    """A score store written through the store's own API, so it follows the current schema."""
+    from interp.quant.store import REFERENCE, ScoreStore
+
+    ids = [f"doc{i}" for i in range(4)]
+    with ScoreStore(folder) as store:
+        for k, model in enumerate(models):  # model k's error is 0.5 + 0.25 k on every example
+            store.write_batch(model, REFERENCE, ids, [2.0 + i for i in range(4)])
+            store.write_batch(model, STORE_SPEC, ids, [2.5 + 0.25 * k + i for i in range(4)])
     (folder / "settings.json").write_text(json.dumps({
         "model": "smollm2-135m", "specs": [STORE_SPEC],
         "examples": {"source": "wiki", "n": 4, "seq_len": 16, "seed": 0, "split": "eval"}}))
