@@ -19,11 +19,11 @@ Sources:
 - a ``.csv`` file with a ``text`` column (and optionally ``id``); empty cells are skipped;
 - a folder written by ``datasets.Dataset.save_to_disk`` with a ``text`` column.
 
-Example:
+Example (a bundled model and ``"wiki"`` work the same way: ``interp.load_model("smollm2-135m")``):
     >>> import interp
-    >>> model = interp.load_model("smollm2-135m")           # doctest: +SKIP
-    >>> ex = interp.load_examples("wiki", model.tokenizer, n=8, seq_len=64)  # doctest: +SKIP
-    >>> ex.tokens.shape                                      # doctest: +SKIP
+    >>> from interp.models import tiny_tokenizer
+    >>> ex = interp.load_examples("wiki", tiny_tokenizer(), n=8, seq_len=64)
+    >>> ex.tokens.shape
     torch.Size([8, 64])
 """
 
@@ -32,8 +32,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-from collections.abc import Sequence
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -41,8 +41,8 @@ from typing import Any, Literal
 
 import torch
 
-from interp.errors import DataError
 from interp import validate
+from interp.errors import DataError
 from interp.typing import Tokens
 
 Split = Literal["eval", "calibration", "all"]
@@ -66,7 +66,6 @@ class Examples:
         texts: the source document of each row.
         ids: the source document id of each row.
         settings: how the rows were chosen (source, seq_len, seed, split, n).
-    """
         tokenizer: :func:`tokenizer_fingerprint` of the tokenizer that made the rows (``""``
             when unknown, e.g. rows from :meth:`from_tokens`). Models check it, so rows of
             another tokenizer are refused instead of scored as nonsense.
@@ -80,21 +79,22 @@ class Examples:
         (3, 4, ['row0', 'row1', 'row2'])
         >>> ex.subset([0, 2]).ids
         ['row0', 'row2']
+    """
 
     tokens: Tokens
     texts: list[str]
     ids: list[str]
     settings: dict[str, Any] = field(default_factory=dict)
-
     tokenizer: str = ""
     vocab_size: int = 0
+
     def __post_init__(self) -> None:
-        if self.tokens.ndim != 2:
         if not isinstance(self.tokens, torch.Tensor):
             raise DataError(f"Examples.tokens must be a tensor [N, T] of token ids; got {type(self.tokens).__name__}.")
         if self.tokens.dtype not in _INTEGER_DTYPES:
             raise DataError(f"Examples.tokens must hold integer token ids; got {self.tokens.dtype}. "
                             "Use Examples.from_tokens(ids.long()) with whole-number ids.")
+        if self.tokens.ndim != 2:
             raise DataError(f"Examples.tokens must be [N, T]; got shape {tuple(self.tokens.shape)}.")
         if not (len(self.texts) == len(self.ids) == self.tokens.shape[0]):
             raise DataError("Examples.tokens, texts and ids must have the same length.")
@@ -135,7 +135,6 @@ class Examples:
         return cls(tokens=tokens.long(), texts=[""] * n, ids=ids_, settings={"source": "tokens"})
 
 
-def _package_data_dir(package: str) -> Path:
 _INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
@@ -157,6 +156,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return digest.hexdigest()[:16]
 
 
+def _package_data_dir(package: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise DataError(
@@ -351,6 +351,16 @@ def load_examples(
 
     Raises:
         DataError: unknown source, empty text, or fewer eligible documents than ``n``.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> import interp
+        >>> from interp.models import tiny_tokenizer
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "docs.txt"
+        >>> _ = path.write_text("\\n\\n".join(f"Document {i} is about topic {i}." for i in range(40)))
+        >>> ex = interp.load_examples(path, tiny_tokenizer(), n=4, seq_len=16, split="all")
+        >>> tuple(ex.tokens.shape), bool((ex.tokens[:, 0] == 256).all())  # every row starts with BOS
+        ((4, 16), True)
     """
     seq_len = validate.count(seq_len, "seq_len", minimum=2)  # BOS + at least one token
     if n is not None:
@@ -385,6 +395,6 @@ def load_examples(
         texts=[docs[i].text for i in chosen],
         ids=[docs[i].id for i in chosen],
         settings=settings,
-    )
         tokenizer=fingerprint,
         vocab_size=len(tokenizer),
+    )
