@@ -318,7 +318,7 @@ def _norm_offset(norm: torch.nn.Module, device: torch.device) -> float:
         y = norm(x).float()
     xf = x.float()
     normalized = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return float(round(float((y / normalized - weight.float()).median())))
+    return float(round(float((y / normalized - weight.detach().float()).median())))
 
 
 def _trace_block(plain: Any, layers_path: str) -> dict[str, Any]:
