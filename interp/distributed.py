@@ -27,7 +27,7 @@ Example (script ``run.py``, launched with ``torchrun --nproc-per-node 2 run.py``
     from interp.distributed import score_distributed
 
     model = interp.load_model("smollm2-135m", device=interp.distributed.local_device())
-    ex = interp.load_examples("fineweb", model.tokenizer, n=1000, seq_len=512)
+    ex = interp.load_examples("wiki", model.tokenizer, n=1000, seq_len=128)  # or a .jsonl / .txt / dataset folder
     errors = score_distributed(model, ["rtn:bits=3,group=64"], ex, store="out/")
     if errors is not None:  # rank 0
         errors.to_csv("out/errors.csv")
@@ -149,7 +149,7 @@ def merge_shards(store: Any, shards: Sequence[str | os.PathLike[str]]) -> int:
     """Copy every shard's scores and batch-log rows into ``store``, once; returns the score rows added.
 
     Scores are keyed by (model, spec, example), so copying again adds nothing (a KL value
-    missing in the main store is filled in, as :meth:`ScoreStore.write_batch` does). Batch-log
+    missing in the main store is filled in, as :meth:`interp.quant.store.ScoreStore.write_batch` does). Batch-log
     rows are copied only past the last shard row already merged (kept in the main store's
     ``meta`` as ``merged:<shard file name>``), so the log of the main store shows each
     computed batch exactly once, also after a rerun. Each shard is merged in one transaction.

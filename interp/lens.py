@@ -56,6 +56,7 @@ from tqdm.auto import tqdm
 
 from interp import hooks as hk
 from interp.data import Examples
+from interp.display import ResultDisplay
 from interp.errors import ComponentError, InterpError, NonFiniteError
 from interp.probes import batches, check_context, show_progress
 from interp.typing import PerExample, Resid, Tokens
@@ -175,7 +176,7 @@ class Readout:
 
 
 @dataclass(frozen=True)
-class EarlyExitResult:
+class EarlyExitResult(ResultDisplay):
     """Per-layer, per-example NLL of the logit-lens decoding.
 
     Attributes:
@@ -202,6 +203,10 @@ class EarlyExitResult:
     def layer_mean(self) -> Float[Tensor, " n_layers"]:
         """Mean NLL over examples, per layer."""
         return self.nll.double().mean(dim=1)
+
+    def summary(self) -> pd.DataFrame:
+        """Mean NLL over examples, one row per layer."""
+        return pd.DataFrame({"nll": self.layer_mean().numpy()}, index=pd.Index(self.layers, name="layer"))
 
     def to_frame(self) -> pd.DataFrame:
         """Long table: ``layer``, ``example``, ``nll``."""
@@ -306,7 +311,7 @@ def early_exit_figure(results: Mapping[str, EarlyExitResult], title: str | None 
 
 
 @dataclass(frozen=True)
-class EarlyExitCurves:
+class EarlyExitCurves(ResultDisplay):
     """Early-exit results for several models on several example sets.
 
     Attributes:
@@ -360,9 +365,18 @@ def early_exit_curves(
     """Early exit for every (model, example set) pair, e.g. {reference, quantized} x {D_large, D_ctrl}.
 
     Example:
-        >>> curves = early_exit_curves({"reference": ref, "quantized": q},     # doctest: +SKIP
-        ...                            {"D_large": large, "D_ctrl": ctrl})
-        >>> curves.table(); curves.figure(); curves.split_layer("D_large")       # doctest: +SKIP
+        >>> import torch
+        >>> import interp
+        >>> from interp.quant import quantize
+        >>> ref = interp.tiny_model("llama")
+        >>> q = quantize(ref, "rtn:bits=2,group=32", progress=False)
+        >>> rows = torch.randint(0, 256, (6, 16), generator=torch.Generator().manual_seed(0))
+        >>> large, ctrl = interp.Examples.from_tokens(rows[:3]), interp.Examples.from_tokens(rows[3:])
+        >>> curves = early_exit_curves({"reference": ref, "quantized": q}, {"D_large": large, "D_ctrl": ctrl})
+        >>> curves.table().columns.tolist()[-2:]  # last model minus the first, per set
+        ['gap / D_large', 'gap / D_ctrl']
+        >>> curves.split_layer("D_large") in (0, 1)
+        True
     """
     results = {f"{m} / {s}": early_exit(model, ex, at=at, batch_size=batch_size, layers=layers, progress=progress)
                for m, model in models.items() for s, ex in sets.items()}
@@ -416,7 +430,7 @@ def restore_layers(quantized: Any, reference: Any, layers: Sequence[int], roles:
 
 
 @dataclass(frozen=True)
-class RestorationResult:
+class RestorationResult(ResultDisplay):
     """Perplexity on a set of examples with the top-k blocks restored, for each k.
 
     Attributes:

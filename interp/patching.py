@@ -86,6 +86,7 @@ from tqdm.auto import tqdm
 from interp import hooks as hk
 from interp import validate
 from interp.data import Examples
+from interp.display import ResultDisplay
 from interp.errors import ComponentError, DataError, InterpError, NonFiniteError
 from interp.lens import Readout
 from interp.probes import batches, check_context, check_examples, show_progress
@@ -440,7 +441,7 @@ def _patch_hooks(model: Any, jobs: Sequence[Patch], cache: Mapping[Key, Tensor],
 
 
 @dataclass(frozen=True)
-class PatchResult:
+class PatchResult(ResultDisplay):
     """Per-patch, per-example metric values from :func:`patch`.
 
     Attributes:
@@ -914,7 +915,7 @@ def clean_corrupt(
 
 
 @dataclass(frozen=True)
-class AttributionResult:
+class AttributionResult(ResultDisplay):
     """First-order estimates of each (component, layer) patch's effect on the metric.
 
     Attributes:
@@ -1070,7 +1071,7 @@ def layer_sweep(
 
 
 @dataclass(frozen=True)
-class GateInputComparison:
+class GateInputComparison(ResultDisplay):
     """Gate-input-only patching against restoring the gate weights, on the same layers.
 
     Attributes:

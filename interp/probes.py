@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 from interp import hooks as hk
 from interp import validate
 from interp.data import Examples
+from interp.display import ResultDisplay
 from interp.errors import ComponentError, DataError, InterpError, NonFiniteError, ResourceError
 
 # ---------------------------------------------------------------------------------------
@@ -141,7 +142,7 @@ def _check_pair(component: str, reducer: str) -> None:
 
 
 @dataclass(frozen=True)
-class ProbeResult:
+class ProbeResult(ResultDisplay):
     """Per-layer, per-example statistics from :func:`probe`.
 
     Attributes:
@@ -335,7 +336,29 @@ def batches(n: int, batch_size: int) -> Iterable[tuple[int, int]]:
 
 
 def show_progress(progress: bool | None) -> bool:
-    return sys.stderr.isatty() if progress is None else progress
+    """Whether a long run draws its ``tqdm.auto`` bar: ``progress`` when given, else on in a
+    terminal and in Jupyter (where stderr is no terminal, but the bar is a widget).
+
+    Example:
+        >>> show_progress(False), show_progress(True)
+        (False, True)
+    """
+    if progress is not None:
+        return progress
+    return sys.stderr.isatty() or in_notebook()
+
+
+def in_notebook() -> bool:
+    """True inside a running IPython kernel (Jupyter, VS Code notebooks); IPython is not imported here."""
+    ipython = sys.modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    if get_ipython is None:
+        return False
+    try:
+        shell = get_ipython()
+    except Exception:  # noqa: BLE001 - a half-initialised IPython: treat as no kernel
+        return False
+    return getattr(shell, "kernel", None) is not None
 
 
 def probe(

@@ -72,6 +72,15 @@ def nll(model: Any, examples: Examples, batch_size: int = 8, progress: bool | No
         examples: fixed-length token rows.
         batch_size: examples per forward.
         progress: show a progress bar.
+
+    Example:
+        >>> import torch
+        >>> import interp
+        >>> model = interp.tiny_model("llama")
+        >>> ex = interp.Examples.from_tokens(torch.randint(0, 256, (3, 8), generator=torch.Generator().manual_seed(0)))
+        >>> values = interp.nll(model, ex)
+        >>> tuple(values.shape), bool(((values > 4) & (values < 7)).all())  # random weights: near ln(259) = 5.56
+        ((3,), True)
     """
     check_examples(model, examples)
     batch_size = validate.batch_size(batch_size)

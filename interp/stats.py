@@ -14,7 +14,7 @@ Example:
     >>> round(pearson(x, 2 * x + 1, n_boot=50).r, 6)
     1.0
     >>> round(expected_random_jaccard(1000, 100), 4)
-    0.0531
+    0.0529
 """
 
 from __future__ import annotations

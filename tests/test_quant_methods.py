@@ -3,7 +3,7 @@
 Cross-checks against the libraries that implement a method and run on the CPU:
 NF4 against bitsandbytes (bit-exact), float-zero-point RTN against hqq with
 ``optimize=False`` (bit-exact). GPTQ and AWQ have no usable CPU library in the pinned
-stack (see /work/shared/specs/environment.md), so they are checked against a
+stack (no GPTQ/AWQ package builds CPU kernels here), so they are checked against a
 brute-force reference (GPTQ), against RTN in the limits where they must equal it, and
 on held-out output error.
 """

@@ -28,6 +28,7 @@ import torch
 from interp import hooks as hk
 from interp import validate
 from interp.data import Examples
+from interp.display import ResultDisplay
 from interp.probes import probe
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ LABELS = {
 
 
 @dataclass(frozen=True)
-class AttentionResult:
+class AttentionResult(ResultDisplay):
     """Per layer and head attention statistics, for the reference model and optionally SAOBP.
 
     Attributes:
@@ -78,6 +79,10 @@ class AttentionResult:
 
     def to_frame(self) -> pd.DataFrame:
         return self.table.copy()
+
+    def summary(self) -> pd.DataFrame:
+        """Mean over heads of every metric, per (variant, layer)."""
+        return self.table.groupby(["variant", "layer"])[list(METRICS)].mean().reset_index()
 
     def to_dict(self) -> dict[str, Any]:
         layer = self.by_layer()
@@ -142,7 +147,17 @@ def analyze(
         progress: show progress bars.
 
     Returns:
-        An :class:`AttentionResult`.
+        An :class:`interp.attention.analysis.AttentionResult`.
+
+    Example:
+        >>> import torch
+        >>> import interp
+        >>> from interp.attention import analyze
+        >>> model = interp.tiny_model("llama")
+        >>> ex = interp.Examples.from_tokens(torch.randint(0, 256, (3, 8), generator=torch.Generator().manual_seed(0)))
+        >>> res = analyze(model, ex, saobp_beta=2.0, with_nll=False, progress=False)
+        >>> res.variants, sorted(set(res.table["layer"]))
+        (['reference', 'saobp'], [0, 1])
     """
     from interp.attention.saobp import saobp_hook
 

@@ -68,6 +68,12 @@ class SAOBPConfig:
         beta: the fixed beta, or the initial value of a learnable one (then ``> 0``).
         learnable: learn one beta per query head, as ``softplus(raw)``.
         chunk: exact mode only: queries per chunk (None picks one from a memory budget).
+
+    Example:
+        >>> from interp.attention import SAOBPConfig
+        >>> cfg = SAOBPConfig(layers=[1], beta=2.0, learnable=False)
+        >>> cfg.applies_to(0), cfg.applies_to(1), cfg.mode
+        (False, True, 'first_order')
     """
 
     layers: list[int] | None = None
@@ -132,6 +138,19 @@ def saobp_attention_forward(
     Returns:
         ``(attn_output [batch, query, head, d_head], pattern [batch, head, query, key])``; the
         pattern returned (and seen with ``output_attentions=True``) is the refined one.
+
+    Example:
+        A layer that SAOBP does not cover gets transformers' eager attention, unchanged:
+
+        >>> import torch
+        >>> from interp.attention import SAOBPConfig, build_llama, saobp_attention_forward
+        >>> sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        ...              num_attention_heads=2)
+        >>> model = build_llama(sizes, SAOBPConfig(layers=[1], beta=2.0), seed=0)
+        >>> q, k, v = torch.randn(3, 1, 2, 5, 16, generator=torch.Generator().manual_seed(0))
+        >>> out, pattern = saobp_attention_forward(model.model.layers[1].self_attn, q, k, v, None, scaling=0.25)
+        >>> tuple(out.shape), tuple(pattern.shape), bool(torch.allclose(pattern.sum(-1), torch.ones(1, 2, 5)))
+        ((1, 5, 2, 16), (1, 2, 5, 5), True)
     """
     settings: SAOBPConfig | None = getattr(module, "saobp_config", None)
     if settings is None or not settings.applies_to(module.layer_idx):
@@ -164,6 +183,13 @@ def register_saobp_attention() -> None:
 
     The mask registry maps ``"saobp"`` to the eager (additive float) mask, the form
     :func:`saobp_attention_forward` expects.
+
+    Example:
+        >>> from transformers import AttentionInterface
+        >>> from interp.attention import register_saobp_attention, saobp_attention_forward
+        >>> register_saobp_attention()  # already done on import; calling it again is harmless
+        >>> AttentionInterface()["saobp"] is saobp_attention_forward
+        True
     """
     AttentionInterface.register(ATTN_IMPLEMENTATION, saobp_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, eager_mask)
@@ -203,6 +229,15 @@ def build_llama(
         The model in train mode. A learnable beta adds one ``saobp_beta_raw`` parameter of
         shape ``[n_heads]`` per refined layer, after the standard initialisation (it draws no
         random numbers, so the other weights match the baseline's).
+
+    Example:
+        >>> import torch
+        >>> from interp.attention import SAOBPConfig, build_llama
+        >>> sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        ...              num_attention_heads=2)
+        >>> model = build_llama(sizes, SAOBPConfig(layers=[1], beta=2.0), seed=0)
+        >>> model.config._attn_implementation, tuple(model(torch.randint(0, 64, (1, 8))).logits.shape)
+        ('saobp', (1, 8, 64))
     """
     if "attn_implementation" in config_kwargs:
         raise InterpError("Do not pass attn_implementation; choose it with saobp=SAOBPConfig(...) or saobp=None.")
@@ -258,7 +293,16 @@ def capture_prior_patterns(model: nn.Module) -> Iterator[dict[int, list[torch.Te
 
 
 def saobp_betas(model: nn.Module) -> dict[int, torch.Tensor]:
-    """The beta each refined layer uses now, ``{layer: [n_heads]}`` (detached; empty for a baseline)."""
+    """The beta each refined layer uses now, ``{layer: [n_heads]}`` (detached; empty for a baseline).
+
+    Example:
+        >>> from interp.attention import SAOBPConfig, build_llama, saobp_betas
+        >>> sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        ...              num_attention_heads=2)
+        >>> betas = saobp_betas(build_llama(sizes, SAOBPConfig(layers=[1], beta=2.0), seed=0))
+        >>> {layer: [round(float(b), 4) for b in beta] for layer, beta in betas.items()}
+        {1: [2.0, 2.0]}
+    """
     betas: dict[int, torch.Tensor] = {}
     for module in _refined_modules(model):
         beta = module_beta(module, module.saobp_config)

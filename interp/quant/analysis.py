@@ -41,6 +41,7 @@ import torch
 from interp import hooks as hk
 from interp import stats
 from interp.data import Examples
+from interp.display import ResultDisplay
 from interp.errors import InterpError
 from interp.probes import REDUCERS, batches, probe, show_progress
 
@@ -68,7 +69,7 @@ def _ci(c: stats.Correlation) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class AgreementResult:
+class AgreementResult(ResultDisplay):
     """Agreement of per-example errors across quantized versions of one model.
 
     Attributes:
@@ -118,6 +119,10 @@ class AgreementResult:
                 })
         return pd.DataFrame(rows)
 
+    def summary(self) -> pd.DataFrame:
+        """One row per spec pair (as :meth:`to_frame`)."""
+        return self.to_frame()
+
     def to_dict(self) -> dict[str, Any]:
         from interp.io import sanitize
 
@@ -148,9 +153,19 @@ def agreement(errors: pd.DataFrame, n_boot: int = 1000, seed: int = 0, top: floa
         level: confidence level of the intervals.
 
     Returns:
-        An :class:`AgreementResult`. The chance Jaccard is exact: the intersection of two
+        An :class:`interp.quant.analysis.AgreementResult`. The chance Jaccard is exact: the intersection of two
         independent random k-subsets of n is hypergeometric (see
         :func:`interp.stats.expected_random_jaccard`).
+
+    Example:
+        >>> import numpy as np, pandas as pd
+        >>> from interp.quant import agreement
+        >>> rng = np.random.default_rng(0)
+        >>> shared = rng.normal(size=200)  # the part of the error both methods share
+        >>> errors = pd.DataFrame({"a": shared + 0.3 * rng.normal(size=200), "b": shared + 0.3 * rng.normal(size=200)})
+        >>> res = agreement(errors, n_boot=50)
+        >>> res.specs, res.n, round(res.mean_off_diagonal("pearson")["mean"], 2)
+        (['a', 'b'], 200, 0.91)
     """
     frame = errors.dropna()
     if frame.shape[1] < 2 or len(frame) < 3:
@@ -175,7 +190,7 @@ def agreement(errors: pd.DataFrame, n_boot: int = 1000, seed: int = 0, top: floa
 
 
 @dataclass(frozen=True)
-class SplitResult:
+class SplitResult(ResultDisplay):
     """D_large (highest-error examples, deduplicated) and D_ctrl (low-error controls).
 
     Attributes:
@@ -209,6 +224,12 @@ class SplitResult:
         frame.index.name = "example"
         return frame
 
+    def summary(self) -> pd.DataFrame:
+        """Size and mean error of D_large, D_ctrl and all examples considered."""
+        sets = {"large": self.large_ids, "ctrl": self.ctrl_ids, "all": list(self.errors.index)}
+        return pd.DataFrame({"set": list(sets), "n": [len(ids) for ids in sets.values()],
+                             "mean_error": [float(self.errors[ids].mean()) for ids in sets.values()]})
+
     def to_dict(self) -> dict[str, Any]:
         from interp.io import sanitize
 
@@ -239,6 +260,17 @@ def split_large_ctrl(errors: ErrorsLike, examples: Examples, top: float = 0.10, 
             BOS excluded) to an already kept, higher-error example exceeds this.
         ctrl_pool: D_ctrl is sampled from the lowest ``ctrl_pool`` fraction by error.
         seed: seed of the D_ctrl sample (``numpy.random.default_rng``).
+
+    Example:
+        >>> import numpy as np, pandas as pd, torch
+        >>> import interp
+        >>> from interp.quant import split_large_ctrl
+        >>> rows = torch.randint(0, 256, (20, 16), generator=torch.Generator().manual_seed(0))
+        >>> ex = interp.Examples.from_tokens(rows)
+        >>> errors = pd.Series(np.linspace(0, 1, 20), index=ex.ids)
+        >>> res = split_large_ctrl(errors, ex, top=0.1, seed=0)
+        >>> res.large_ids, len(res.ctrl)  # the top 10%, and as many controls from the bottom half
+        (['row19', 'row18'], 2)
     """
     series = _series(errors)
     position = {eid: i for i, eid in enumerate(examples.ids)}
@@ -270,7 +302,7 @@ def split_large_ctrl(errors: ErrorsLike, examples: Examples, top: float = 0.10, 
 
 
 @dataclass(frozen=True)
-class NormCorrelationResult:
+class NormCorrelationResult(ResultDisplay):
     """Per-layer Pearson correlation between the reference's residual norm and the error.
 
     Attributes:
@@ -324,6 +356,18 @@ def norm_error_correlation(
         components: residual components (``resid_mid`` is the paper's r_l).
         probe_result: a :class:`~interp.probes.ProbeResult` with ``{component}/norm`` for
             these examples, to skip the forward passes.
+
+    Example:
+        >>> import numpy as np, pandas as pd, torch
+        >>> import interp
+        >>> from interp.quant import norm_error_correlation
+        >>> model = interp.tiny_model("llama")
+        >>> rows = torch.randint(0, 256, (20, 16), generator=torch.Generator().manual_seed(0))
+        >>> ex = interp.Examples.from_tokens(rows)
+        >>> errors = pd.Series(np.linspace(0, 1, 20), index=ex.ids)
+        >>> res = norm_error_correlation(model, ex, errors, n_boot=20, progress=False)
+        >>> res.table[["component", "layer"]].values.tolist()
+        [['resid_mid', 0], ['resid_mid', 1], ['resid_post', 0], ['resid_post', 1]]
     """
     series = _series(errors).reindex(examples.ids)
     result = probe_result or probe(reference, examples, list(components), ["norm"], batch_size=batch_size,
@@ -349,7 +393,7 @@ class _Stop(Exception):
 
 
 @dataclass(frozen=True)
-class ReversalResult:
+class ReversalResult(ResultDisplay):
     """Residual and MLP-input norms, MLP output error and outlier dimensions, per layer.
 
     Attributes:
@@ -378,7 +422,16 @@ class ReversalResult:
         wide.columns = [f"{name}[{spec}]" for name, spec in wide.columns]
         return self.by_layer.set_index("layer").join(wide).reset_index()
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> pd.DataFrame:
+        """The headline numbers as a table, one row per spec (see :meth:`headline`)."""
+        head = self.headline()
+        shared = {k: v for k, v in head.items() if not isinstance(v, dict)}
+        rows = [{"spec": spec, **shared, "corr_h_mse_upper_above_0.6": count,
+                 "corr_h_mse_upper_mean": head["corr_h_mse_upper_mean"][spec]}
+                for spec, count in head["corr_h_mse_upper_above_0.6"].items()]
+        return pd.DataFrame(rows)
+
+    def headline(self) -> dict[str, Any]:
         """Headline numbers: where D_large has smaller ||r|| / ||h|| / kurtosis, how many upper
         layers have corr(||h||, MSE) > 0.6, and whether the outliers get small gammas."""
         b = self.by_layer
@@ -404,7 +457,7 @@ class ReversalResult:
     def to_dict(self) -> dict[str, Any]:
         from interp.io import sanitize
 
-        return sanitize({"settings": self.settings, "summary": self.summary(),
+        return sanitize({"settings": self.settings, "summary": self.headline(),
                          "by_layer": self.by_layer.to_dict(orient="records"),
                          "mse": self.mse.to_dict(orient="records"),
                          "outliers": self.outliers.to_dict(orient="records")})
@@ -487,6 +540,19 @@ def reversal(
         d_large, d_ctrl: the two example sets (see :func:`split_large_ctrl`).
         layers: layers to measure (default all).
         n_outliers: outlier dimensions reported per layer.
+
+    Example:
+        >>> import numpy as np, pandas as pd, torch
+        >>> import interp
+        >>> from interp.quant import quantize, reversal, split_large_ctrl
+        >>> model = interp.tiny_model("llama")
+        >>> rows = torch.randint(0, 256, (20, 16), generator=torch.Generator().manual_seed(0))
+        >>> ex = interp.Examples.from_tokens(rows)
+        >>> split = split_large_ctrl(pd.Series(np.linspace(0, 1, 20), index=ex.ids), ex, top=0.2)
+        >>> q = quantize(model, "rtn:bits=3,group=32", progress=False)
+        >>> res = reversal(model, {"rtn3": q}, split.large, split.ctrl, n_boot=20, n_outliers=2, progress=False)
+        >>> res.by_layer["layer"].tolist(), res.mse["spec"].unique().tolist()
+        ([0, 1], ['rtn3'])
     """
     from tqdm.auto import tqdm
 

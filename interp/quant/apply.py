@@ -88,6 +88,14 @@ class QuantInfo:
         role_seconds: total ``quantize_weight`` time per linear role.
         calibration_seconds: time spent collecting calibration inputs.
         relative_errors: ``"layer.role"`` -> ``||W - W_hat||_F / ||W||_F``.
+
+    Example:
+        >>> import interp
+        >>> from interp.quant import model_hash, quantize
+        >>> model = interp.tiny_model("llama")
+        >>> info = quantize(model, "rtn:bits=4,group=32", progress=False).quant_info
+        >>> info.spec, info.reference_hash == model_hash(model), info.calibration is None
+        ('rtn:bits=4,group=32,zero=float', True, True)
     """
 
     spec: str
@@ -116,6 +124,14 @@ def model_hash(model: Any) -> str:
 
     The SHA-256 of the source file when the model came from one (``model.info.source_hash``),
     else a digest of every parameter (tiny test models, HF folders).
+
+    Example:
+        >>> import interp
+        >>> from interp.quant import model_hash
+        >>> same = model_hash(interp.tiny_model("llama", seed=0)) == model_hash(interp.tiny_model("llama", seed=0))
+        >>> other = model_hash(interp.tiny_model("llama", seed=0)) == model_hash(interp.tiny_model("llama", seed=1))
+        >>> same, other
+        (True, False)
     """
     info = getattr(model, "info", None)
     source = getattr(info, "source_hash", "") if info is not None else ""
@@ -262,6 +278,14 @@ def quantize(
         SpecError: a bad spec, a group size not dividing a layer's input, or a calibrated
             method without calibration examples.
         ComponentError: a model whose blocks are not llama-style.
+
+    Example:
+        >>> import interp
+        >>> from interp.quant import quantize
+        >>> model = interp.tiny_model("llama")
+        >>> qmodel = quantize(model, "nf:bits=3,group=32", progress=False)
+        >>> qmodel is model, qmodel.quant_info.spec
+        (False, 'nf:bits=3,group=32')
     """
     spec = parse_spec(spec)
     _check_quantizable(model)
@@ -421,6 +445,17 @@ def load_quantized(reference: Any, path: str | os.PathLike[str]) -> Any:
 
     Raises:
         InterpError: the folder is missing or incomplete, or it was made from another model.
+
+    Example:
+        >>> import pathlib, tempfile, torch
+        >>> import interp
+        >>> from interp.quant import load_quantized, quantize, save_quantized
+        >>> model = interp.tiny_model("llama")
+        >>> qmodel = quantize(model, "rtn:bits=4,group=32", progress=False)
+        >>> back = load_quantized(model, save_quantized(qmodel, pathlib.Path(tempfile.mkdtemp()) / "rtn4"))
+        >>> tokens = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(0))
+        >>> bool(torch.equal(back(tokens), qmodel(tokens)))
+        True
     """
     record = read_quant_info(path)
     if record is None:
@@ -469,6 +504,18 @@ def quantize_cached(
     Args:
         cache_dir: where quantized models are kept (default ``$INTERP_CACHE/quantized``).
         Other arguments as in :func:`quantize`.
+
+    Example:
+        >>> import tempfile, torch
+        >>> import interp
+        >>> from interp.quant import quantize_cached
+        >>> model = interp.tiny_model("llama")
+        >>> cache = tempfile.mkdtemp()
+        >>> first = quantize_cached(model, "rtn:bits=4,group=32", cache_dir=cache, progress=False)  # quantizes, saves
+        >>> again = quantize_cached(model, "rtn:bits=4,group=32", cache_dir=cache, progress=False)  # loads
+        >>> tokens = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(0))
+        >>> bool(torch.equal(first(tokens), again(tokens)))
+        True
     """
     from interp.models import cache_dir as default_cache
 

