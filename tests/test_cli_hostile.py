@@ -498,3 +498,12 @@ def test_rows_shorter_than_the_request_are_a_data_error(tmp_path):
     (tmp_path / "short.csv").write_text("text\nshort\ntiny\n")
     with pytest.raises(DataError, match="only 0 documents have at least 63 tokens"):
         load_examples(tmp_path / "short.csv", tiny_tokenizer(), n=1, seq_len=64, split="all")
+
+
+def test_train_saobp_threads_are_set_before_training(files, hostile_env, capsys, tmp_path):
+    before = torch.get_num_threads()
+    try:
+        outcome = run_cli(["train-saobp", "--threads", "1", "--out", str(tmp_path / "run"), "--quick"], capsys)
+        assert outcome.kind == "work" and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
