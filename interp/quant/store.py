@@ -46,9 +46,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from interp import validate
 from interp.data import Examples
 from interp.errors import InterpError, NonFiniteError, SpecError
-from interp import validate
 from interp.probes import batches, check_examples, show_progress
 from interp.quant.apply import model_hash, quantize_cached
 from interp.quant.spec import MethodSpec, parse_spec
@@ -393,7 +393,7 @@ def _unique_specs(specs: Sequence[str | MethodSpec]) -> list[MethodSpec]:
 def _pending(store: ScoreStore, model: str, spec: str, ids: Sequence[str], rows: Sequence[str],
              chunks: Sequence[tuple[int, int]], need_kl: bool) -> list[tuple[int, int]]:
     done = store.done(model, spec, need_kl)
-    return [(s, e) for s, e in chunks if not all(pair in done for pair in zip(ids[s:e], rows[s:e]))]
+    return [(s, e) for s, e in chunks if not all(pair in done for pair in zip(ids[s:e], rows[s:e], strict=True))]
 
 
 def _batch_key(model: str, spec: str, ids: Sequence[str], rows: Sequence[str]) -> str:
@@ -450,7 +450,7 @@ def _run_pass(store: ScoreStore, key: str, spec: str, model: Any, reference: Any
             lease = _batch_key(key, spec, ids, hashes)
             def stored(ids: Sequence[str] = ids, hashes: Sequence[str] = hashes) -> bool:
                 have = store.done(key, spec, need_kl)
-                return all(pair in have for pair in zip(ids, hashes))
+                return all(pair in have for pair in zip(ids, hashes, strict=True))
 
             if store.take_lease(lease, stored):
                 _score_batch(store, key, spec, score_batch, examples, (start, end), hashes, lease, reference, device)
