@@ -66,7 +66,7 @@ class Examples:
         texts: the source document of each row.
         ids: the source document id of each row.
         settings: how the rows were chosen (source, seq_len, seed, split, n).
-        tokenizer: :func:`tokenizer_fingerprint` of the tokenizer that made the rows (``""``
+        tokenizer: :func:`interp.data.tokenizer_fingerprint` of the tokenizer that made the rows (``""``
             when unknown, e.g. rows from :meth:`from_tokens`). Models check it, so rows of
             another tokenizer are refused instead of scored as nonsense.
         vocab_size: that tokenizer's vocabulary size (``0`` when unknown).

@@ -47,7 +47,10 @@ def integer(value: Any, name: str, minimum: int | None = None, error: type[Inter
 
 
 def count(value: Any, name: str, minimum: int = 1) -> int:
-    """A positive count of examples or tokens (``n``, ``seq_len``); bad values raise :class:`DataError`."""
+    """A positive count of examples or tokens (``n``, ``seq_len``).
+
+    Bad values raise :class:`interp.errors.DataError`.
+    """
     return integer(value, name, minimum=minimum, error=DataError)
 
 

@@ -248,7 +248,7 @@ def entropy(pattern: Pattern, normalized: bool = False, key_mask: KeyMask | None
             them from means with :func:`valid_query_mask`.
         key_mask: ``[..., key]`` bool, True for real keys, used only to count ``n_i``.
         check: refuse NaN/inf, negative entries and rows summing to neither 1 nor 0
-            (within :func:`row_sum_tolerance`). Pass False only in loops over patterns
+            (within :func:`interp.attention.metrics.row_sum_tolerance`). Pass False only in loops over patterns
             already known to be softmax outputs (e.g. hooks on a model's pattern).
 
     Returns:

@@ -120,6 +120,10 @@ class AgreementResult(ResultDisplay):
         return pd.DataFrame(rows)
 
     def summary(self) -> pd.DataFrame:
+        """One row per spec pair (as :meth:`AgreementResult.to_frame`)."""
+        return self.to_frame()
+
+    def summary(self) -> pd.DataFrame:
         """One row per spec pair (as :meth:`to_frame`)."""
         return self.to_frame()
 
@@ -223,6 +227,12 @@ class SplitResult(ResultDisplay):
         frame = pd.DataFrame({"error": self.errors, "set": label})
         frame.index.name = "example"
         return frame
+
+    def summary(self) -> pd.DataFrame:
+        """Size and mean error of D_large, D_ctrl and all examples considered."""
+        sets = {"large": self.large_ids, "ctrl": self.ctrl_ids, "all": list(self.errors.index)}
+        return pd.DataFrame({"set": list(sets), "n": [len(ids) for ids in sets.values()],
+                             "mean_error": [float(self.errors[ids].mean()) for ids in sets.values()]})
 
     def summary(self) -> pd.DataFrame:
         """Size and mean error of D_large, D_ctrl and all examples considered."""

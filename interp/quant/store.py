@@ -347,7 +347,7 @@ class ScoreStore:
                     lease: str | None = None) -> None:
         """Store one batch atomically: its scores, its log row and the release of its lease, or nothing.
 
-        ``rows`` are the :func:`row_hash` of each example's tokens (``""`` when unknown).
+        ``rows`` are the :func:`interp.quant.store.row_hash` of each example's tokens (``""`` when unknown).
         """
         kl_values: Sequence[float | None] = kl if kl is not None else [None] * len(ids)
         hashes = list(rows) if rows is not None else [""] * len(ids)
