@@ -337,7 +337,7 @@ def smol_pair64():
     """SmolLM2 and its 3-bit copy in float64 (its own load: the session's float32 smol stays as it is)."""
     from interp.quant.apply import quantize
 
-    reference = interp.load_model("smollm2-135m", dtype=torch.float64)
+    reference = interp.load_model("smollm2-135m").to(torch.float64)  # load_model offers float32/16 only
     return reference, quantize(reference, "rtn:bits=3,group=64", progress=False)
 
 
