@@ -208,10 +208,6 @@ class EarlyExitResult(ResultDisplay):
         """Mean NLL over examples, one row per layer."""
         return pd.DataFrame({"nll": self.layer_mean().numpy()}, index=pd.Index(self.layers, name="layer"))
 
-    def summary(self) -> pd.DataFrame:
-        """Mean NLL over examples, one row per layer."""
-        return pd.DataFrame({"nll": self.layer_mean().numpy()}, index=pd.Index(self.layers, name="layer"))
-
     def to_frame(self) -> pd.DataFrame:
         """Long table: ``layer``, ``example``, ``nll``."""
         index = pd.MultiIndex.from_product([self.layers, self.ids], names=["layer", "example"])

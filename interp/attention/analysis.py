@@ -84,10 +84,6 @@ class AttentionResult(ResultDisplay):
         """Mean over heads of every metric, per (variant, layer)."""
         return self.table.groupby(["variant", "layer"])[list(METRICS)].mean().reset_index()
 
-    def summary(self) -> pd.DataFrame:
-        """Mean over heads of every metric, per (variant, layer)."""
-        return self.table.groupby(["variant", "layer"])[list(METRICS)].mean().reset_index()
-
     def to_dict(self) -> dict[str, Any]:
         layer = self.by_layer()
         summary: dict[str, Any] = {"settings": self.settings, "by_layer": {}}

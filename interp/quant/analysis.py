@@ -123,10 +123,6 @@ class AgreementResult(ResultDisplay):
         """One row per spec pair (as :meth:`AgreementResult.to_frame`)."""
         return self.to_frame()
 
-    def summary(self) -> pd.DataFrame:
-        """One row per spec pair (as :meth:`to_frame`)."""
-        return self.to_frame()
-
     def to_dict(self) -> dict[str, Any]:
         from interp.io import sanitize
 
@@ -227,12 +223,6 @@ class SplitResult(ResultDisplay):
         frame = pd.DataFrame({"error": self.errors, "set": label})
         frame.index.name = "example"
         return frame
-
-    def summary(self) -> pd.DataFrame:
-        """Size and mean error of D_large, D_ctrl and all examples considered."""
-        sets = {"large": self.large_ids, "ctrl": self.ctrl_ids, "all": list(self.errors.index)}
-        return pd.DataFrame({"set": list(sets), "n": [len(ids) for ids in sets.values()],
-                             "mean_error": [float(self.errors[ids].mean()) for ids in sets.values()]})
 
     def summary(self) -> pd.DataFrame:
         """Size and mean error of D_large, D_ctrl and all examples considered."""
