@@ -64,6 +64,7 @@ class ReportSettings:
     patch_method: str = "gptq:bits=3,group=64"
     device: str = "cpu"
     dtype: str = "float32"
+    saobp_logs: str = ""  # per-seed SAOBP training logs (default: docs/data/saobp_seeds of this checkout)
 
     @classmethod
     def quick(cls, **overrides: Any) -> "ReportSettings":
@@ -125,6 +126,13 @@ class ReportContext:
         s = self.settings
         return load_examples(s.data, self.model.tokenizer, n=s.calibration_n, seq_len=s.seq_len, seed=s.seed,
                              split="calibration")
+
+    @cached_property
+    def reference_description(self) -> str:
+        """What the "full-precision" reference is, read from its GGUF file (e.g. Q4_1 dequantized to fp32)."""
+        from interp.reference import describe_reference
+
+        return describe_reference(self.settings.model)
 
     def token_labels(self, row: int, length: int) -> list[str]:
         tokens = self.examples.tokens[row, :length]
@@ -213,24 +221,55 @@ table.data{border-collapse:collapse;font-size:13px;margin:8px 0}table.data td,ta
 border-bottom:1px solid #eee;text-align:right}table.data th{background:#f3f5f7}
 table.data.text td,table.data.text th{text-align:left}
 .note{color:#555;font-size:14px}.more{color:#777;font-size:12px}.fig{margin:10px 0}
-.verdict-yes{color:#1a7f37;font-weight:600}.verdict-no{color:#b42318;font-weight:600}
-.verdict-partly{color:#9a6700;font-weight:600}
+td.verdict{font-weight:600;white-space:nowrap}.verdict-holds{color:#1a7f37;background:#e6f4ea}
+.verdict-fails{color:#b42318;background:#fde8e7}.verdict-partly{color:#9a6700;background:#fff4d6}
+.verdict-untestable{color:#555;background:#f0f0f0}.verdict-construction{color:#3949ab;background:#e8eaf6}
+table.repro td{vertical-align:top;text-align:left}table.repro td.small{font-size:12px;color:#555;max-width:320px}
 """
 
 
+VERDICT_CLASS = {"holds": "verdict-holds", "partly": "verdict-partly", "does not hold": "verdict-fails",
+                 "not testable here": "verdict-untestable", "by construction": "verdict-construction"}
+
+
+def reproduction_html(table: pd.DataFrame) -> str:
+    """The reproduction table with each verdict cell coloured by outcome (all text escaped)."""
+    head = ("<tr><th>paper</th><th>claim</th><th>paper value</th><th>measured here (95% CI)</th><th>verdict</th>"
+            "<th>why</th><th>statistic and criterion (fixed before measuring)</th></tr>")
+    body = []
+    for row in table.rename(columns=lambda c: c.replace(" ", "_")).itertuples(index=False):
+        d = row._asdict()
+        body.append(
+            f"<tr><td>{_esc(d['paper'])}</td><td>{_esc(d['claim'])}</td><td>{_esc(d['paper_value'])}</td>"
+            f"<td>{_esc(d['measured_here'])}</td>"
+            f"<td class='verdict {VERDICT_CLASS.get(d['verdict'], '')}'>{_esc(d['verdict'])}</td>"
+            f"<td class='small'>{_esc(d['why'])}</td>"
+            f"<td class='small'><b>statistic:</b> {_esc(d['statistic'])}<br><b>criterion:</b> "
+            f"{_esc(d['criterion'])}</td></tr>")
+    return f"<table class='data repro'>{head}{''.join(body)}</table>"
+
+
 def render_html(settings: ReportSettings, stages: list[Stage], outputs: dict[str, StageOutput],
-                reproduction: pd.DataFrame, versions: dict[str, str], total_seconds: float) -> str:
+                reproduction: pd.DataFrame, versions: dict[str, str], total_seconds: float,
+                reference: str = "") -> str:
     parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+             "<meta name='viewport' content='width=device-width, initial-scale=1'>",
              "<title>interp report</title><script src='plotly.min.js'></script>",
              f"<style>{CSS}</style></head><body>",
              f"<header><h1>interp report: {_esc(settings.model)} on {_esc(settings.data)}</h1>",
              f"<div>{_esc(settings.n)} examples x {settings.seq_len} tokens, seed {settings.seed}; "
-             f"{_timing(outputs, total_seconds)}</div></header><main>"]
+             f"{_timing(outputs, total_seconds)}</div>",
+             f"<div>Reference model: {_esc(reference or settings.model)}</div></header><main>"]
     parts.append("<nav>" + "".join(f"<a href='#{s.name}'>{_esc(s.title)}</a>" for s in stages if s.name in outputs)
                  + "<a href='#reproduction'>Reproduction table</a><a href='#settings'>Settings</a></nav>")
+    counts = reproduction["verdict"].value_counts()
+    tally = ", ".join(f"{counts[v]} {v}" for v in VERDICT_CLASS if v in counts)
     parts.append("<section id='reproduction'><h2>Reproduction table</h2><p class='note'>Each finding of the two "
-                 "papers, the paper's number, and the number measured here with the settings below.</p>")
-    parts.append(_table_html(reproduction, max_rows=100) + "</section>")
+                 "papers, the paper's number, and the statistic measured here with its 95% interval. Every criterion "
+                 "was fixed in code (interp/reproduction.py) before the measurement; the verdict is read from the "
+                 f"interval, never from the point estimate. The reference is {_esc(reference or settings.model)}. "
+                 f"Verdicts: {_esc(tally)}.</p>")
+    parts.append(reproduction_html(reproduction) + "</section>")
     for stage in stages:
         output = outputs.get(stage.name)
         if output is None:
@@ -246,6 +285,7 @@ def render_html(settings: ReportSettings, stages: list[Stage], outputs: dict[str
             parts.append(f"<h3>{_esc(name)}</h3>" + _table_html(table))
         parts.append(f"<p class='more'>stage time: {output.seconds:.1f} s</p></section>")
     rows = {**{k: v for k, v in asdict(settings).items()}, **{f"version {k}": v for k, v in versions.items()}}
+    rows["reference"] = reference or settings.model
     rows.update({f"time {s.name} (s)": f"{outputs[s.name].seconds:.1f}" for s in stages if s.name in outputs})
     settings_table = pd.DataFrame({"setting": list(rows), "value": [str(v) for v in rows.values()]})
     parts.append("<section id='settings'><h2>Settings</h2>" + _table_html(settings_table, 200) + "</section>")
@@ -295,9 +335,10 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
     total = time.time() - began
     reproduction = reproduction_table(outputs, settings)
     versions = _versions()
-    _write_outputs(folder, settings, chosen, outputs, reproduction, versions, total, static)
+    reference = context.reference_description
+    _write_outputs(folder, settings, chosen, outputs, reproduction, versions, total, static, reference)
     results = {
-        "settings": asdict(settings), "versions": versions,
+        "settings": asdict(settings), "versions": versions, "reference": reference,
         "stage_seconds": {name: o.seconds for name, o in outputs.items()},
         "numbers": {name: o.numbers for name, o in outputs.items()},
         "reproduction": reproduction.to_dict(orient="records"),
@@ -307,13 +348,14 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
 
 
 def _write_outputs(folder: Path, settings: ReportSettings, stages: list[Stage], outputs: dict[str, StageOutput],
-                   reproduction: pd.DataFrame, versions: dict[str, str], total: float, static: bool) -> None:
+                   reproduction: pd.DataFrame, versions: dict[str, str], total: float, static: bool,
+                   reference: str = "") -> None:
     from plotly.offline import get_plotlyjs
 
     from interp.figures import export_static
 
     atomic_write_bytes(folder / "plotly.min.js", get_plotlyjs().encode())
-    page = render_html(settings, stages, outputs, reproduction, versions, total)
+    page = render_html(settings, stages, outputs, reproduction, versions, total, reference)
     atomic_write_bytes(folder / "index.html", page.encode("utf-8"))
     tables_dir = folder / "tables"
     tables_dir.mkdir(exist_ok=True)

@@ -37,6 +37,8 @@ from typing import Literal
 
 import pandas as pd
 
+from interp.stats import Estimate
+
 Verdict = Literal["holds", "partly", "does not hold", "not testable here", "by construction"]
 HOLDS: Verdict = "holds"
 PARTLY: Verdict = "partly"
@@ -61,31 +63,6 @@ STRONG = 0.5  # "patching down/gate recovers most": more than half of the NLL ga
 SINK_SHARE = 0.3  # baseline deep-layer mass on key 0 at the end of training, or ...
 COLLAPSED_ENTROPY = 0.35  # ... baseline deep-layer normalised entropy (1 = uniform) at or below this
 MIN_SEEDS = 3
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """A statistic with its 95% interval (``low``/``high`` NaN when no interval exists)."""
-
-    value: float
-    low: float = math.nan
-    high: float = math.nan
-    n: int | None = None
-
-    @property
-    def has_interval(self) -> bool:
-        return math.isfinite(self.low) and math.isfinite(self.high)
-
-    def text(self, digits: int = 2, percent: bool = False) -> str:
-        def fmt(v: float) -> str:
-            return f"{100 * v:.0f}%" if percent else f"{v:.{digits}f}"
-
-        if not math.isfinite(self.value):
-            return "n/a"
-        body = fmt(self.value)
-        if self.has_interval:
-            body += f" [{fmt(self.low)}, {fmt(self.high)}]"
-        return body
 
 
 @dataclass(frozen=True)
@@ -289,8 +266,10 @@ def _agreement_disattenuated(m: Measurement) -> Judgement:
        "mean top-10% Jaccard over the paper's pairs, bootstrap interval; exact chance value",
        f"present: interval above chance; at level: the interval reaches {JACCARD_LEVEL}")
 def _jaccard(m: Measurement) -> Judgement:
-    gate = _need(m, "jaccard", "chance")
-    return gate or present_at_level(m.estimates["jaccard"], m.estimates["chance"].value, JACCARD_LEVEL, +1)
+    chance = m.estimates.get("chance")
+    if chance is None or not math.isfinite(chance.value):
+        return Judgement(NOT_TESTABLE, "the chance overlap could not be computed here")
+    return _need(m, "jaccard") or present_at_level(m.estimates["jaccard"], chance.value, JACCARD_LEVEL, +1)
 
 
 @claim("norm_error", QUANT_PAPER,
@@ -311,9 +290,8 @@ def _norm_error(m: Measurement) -> Judgement:
        f"holds when more than half the upper layers have their whole interval above {H_MSE_LEVEL}; partly when "
        "at least one does, or more than half reach it; otherwise does not hold")
 def _reversal(m: Measurement) -> Judgement:
-    gate = _need(m, "layers_above", "layers_reaching", "upper_layers")
-    if gate:
-        return gate
+    if any(k not in m.estimates for k in ("layers_above", "layers_reaching", "upper_layers")):
+        return Judgement(NOT_TESTABLE, "the per-layer correlations could not be computed here")
     above, reaching, total = (int(m.estimates[k].value) for k in ("layers_above", "layers_reaching", "upper_layers"))
     if above > total / 2:
         return Judgement(HOLDS, f"{above} of {total} upper layers lie wholly above {H_MSE_LEVEL}")
@@ -448,3 +426,22 @@ def reproduction_frame(measurements: Mapping[str, Measurement], keys: list[str] 
                      "criterion": c.criterion, "measured here": m.text if m is not None else "not run",
                      "verdict": j.verdict, "why": j.reason})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def measurement_to_dict(m: Measurement) -> dict[str, object]:
+    """JSON-ready form of a measurement (stages store it in ``numbers.json``)."""
+    return {"estimates": {k: [e.value, e.low, e.high, e.n] for k, e in m.estimates.items()}, "text": m.text,
+            "untestable": m.untestable}
+
+
+def measurement_from_dict(d: Mapping[str, object]) -> Measurement:
+    raw = d.get("estimates") or {}
+    assert isinstance(raw, dict)
+
+    def num(v: object) -> float:
+        return math.nan if v is None else float(v)  # type: ignore[arg-type]
+
+    estimates = {k: Estimate(num(v[0]), num(v[1]), num(v[2]), None if v[3] is None else int(v[3]))
+                 for k, v in raw.items()}
+    untestable = d.get("untestable")
+    return Measurement(estimates, str(d.get("text", "")), None if untestable is None else str(untestable))

@@ -244,3 +244,32 @@ def dedup(rows: Sequence[Sequence[int]], threshold: float = 0.1, n: int = 5) -> 
             kept.append(i)
             kept_grams.append(grams)
     return kept
+
+
+# ---------------------------------------------------------------------------------------
+# Estimates
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A statistic with its 95% interval (``low``/``high`` NaN when no interval exists)."""
+
+    value: float
+    low: float = math.nan
+    high: float = math.nan
+    n: int | None = None
+
+    @property
+    def has_interval(self) -> bool:
+        return math.isfinite(self.low) and math.isfinite(self.high)
+
+    def text(self, digits: int = 2, percent: bool = False) -> str:
+        def fmt(v: float) -> str:
+            return f"{100 * v:.0f}%" if percent else f"{v:.{digits}f}"
+
+        if not math.isfinite(self.value):
+            return "n/a"
+        body = fmt(self.value)
+        if self.has_interval:
+            body += f" [{fmt(self.low)}, {fmt(self.high)}]"
+        return body

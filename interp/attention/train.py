@@ -111,14 +111,14 @@ class TrainConfig:
 
     @classmethod
     def seeds(cls) -> TrainConfig:
-        """The multi-seed experiment: narrower, deeper and on longer rows than :meth:`full`, so it is cheap
-        enough to repeat over seeds (about 8 min per seed on one core) and gives the baseline room to
-        form an attention sink (rows of 256 tokens, each starting with the BOS-like separator).
-        Whether it does is measured, not assumed: see ``interp.reproduction``'s SAOBP training claims.
+        """The multi-seed experiment: narrower than :meth:`full` and on longer rows, so it is cheap enough
+        to repeat over seeds (a few minutes per seed on one core) and gives the baseline room to form an
+        attention sink (rows of 256 tokens, each starting with the BOS-like separator). Whether it does is
+        measured, not assumed: see the SAOBP training claims in :mod:`interp.reproduction`.
         """
         return cls(
-            steps=500, batch_size=8, seq_len=256, vocab_size=2048, n_layers=6, d_model=96, n_heads=4,
-            n_kv_heads=4, d_mlp=256, warmup_steps=30, n_heldout_rows=64, n_metric_rows=8, log_every=25,
+            steps=300, batch_size=8, seq_len=256, vocab_size=1024, n_layers=4, d_model=64, n_heads=4,
+            n_kv_heads=4, d_mlp=192, warmup_steps=20, n_heldout_rows=32, n_metric_rows=8, log_every=25,
             checkpoint_every=100,
         )  # fmt: skip
 
