@@ -332,7 +332,7 @@ def stage_norms(ctx: ReportContext) -> StageOutput:
     outl = _outlier_estimate(rev, seed)
     claims["outlier_gamma"] = Measurement({"percentile": outl}, f"outlier dims' |gamma| at the {outl.text(2)} "
                                                                 "share of dims (0 = smallest), mean over layers")
-    out.numbers = {"per_method_last_layer": last.to_dict(), "reversal": rev.summary(), "reversal_spec": spec,
+    out.numbers = {"per_method_last_layer": last.to_dict(), "reversal": rev.headline(), "reversal_spec": spec,
                    "d_large": len(split.large), "d_ctrl": len(split.ctrl)}
     _claims(out, claims)
     out.notes.append(
@@ -345,7 +345,7 @@ def stage_norms(ctx: ReportContext) -> StageOutput:
 
 
 # ---------------------------------------------------------------------------------------
-# Stage list (lens and patching stages join when available)
+# Stage list (the lens and patching stages follow in interp.report_lens_stages)
 
 
 QUANT_STAGES: list[Stage] = [
@@ -365,11 +365,3 @@ QUANT_STAGES: list[Stage] = [
           stage_norms),
 ]
 
-
-def _lens_stages() -> list[Stage]:
-    from interp.report_lens_stages import LENS_STAGES
-
-    return list(LENS_STAGES)
-
-
-QUANT_STAGES += _lens_stages()

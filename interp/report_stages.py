@@ -204,9 +204,10 @@ STAGES: list[Stage] = [
 
 
 def _all_stages() -> list[Stage]:
+    from interp.report_lens_stages import LENS_STAGES
     from interp.report_quant_stages import QUANT_STAGES
 
-    return STAGES + list(QUANT_STAGES)
+    return STAGES + list(QUANT_STAGES) + list(LENS_STAGES)
 
 
 # ---------------------------------------------------------------------------------------

@@ -445,3 +445,72 @@ def measurement_from_dict(d: Mapping[str, object]) -> Measurement:
                  for k, v in raw.items()}
     untestable = d.get("untestable")
     return Measurement(estimates, str(d.get("text", "")), None if untestable is None else str(untestable))
+
+
+def side_by_side(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """Several models' reproduction tables, row by row: claim, the paper's value, then each model's
+    measurement and verdict, and whether the claim holds on all, some or none of them."""
+    names = list(tables)
+    first = next(iter(tables.values()))
+    out = first[["paper", "claim", "paper value"]].copy()
+    for name, table in tables.items():
+        indexed = table.set_index("claim")
+        out[f"{name}: measured"] = [indexed.loc[c, "measured here"] if c in indexed.index else "not run"
+                                    for c in out["claim"]]
+        out[f"{name}: verdict"] = [indexed.loc[c, "verdict"] if c in indexed.index else NOT_TESTABLE
+                                   for c in out["claim"]]
+
+    def across(row: pd.Series) -> str:
+        verdicts = [row[f"{n}: verdict"] for n in names]
+        if all(v == BY_CONSTRUCTION for v in verdicts):
+            return BY_CONSTRUCTION
+        holding = [n for n, v in zip(names, verdicts, strict=True) if v == HOLDS]
+        partly = [n for n, v in zip(names, verdicts, strict=True) if v == PARTLY]
+        if len(holding) == len(names):
+            return "holds on both" if len(names) == 2 else "holds on all"
+        if holding or partly:
+            return "holds on " + ", ".join(holding) if holding else "partly on " + ", ".join(partly)
+        if all(v == NOT_TESTABLE for v in verdicts):
+            return "testable on neither" if len(names) == 2 else "testable on none"
+        return "holds on neither" if len(names) == 2 else "holds on none"
+
+    out["across models"] = out.apply(across, axis=1)
+    return out
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """A plain pipe table (pipes inside cells escaped)."""
+    def cell(v: object) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(c) for c in table.columns) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m interp.reproduction REPORT_DIR [REPORT_DIR ...] --out FOLDER``: the side-by-side table
+    of several finished reports (their ``tables/reproduction.csv``), as CSV and markdown."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description="Compare the reproduction tables of finished reports.")
+    parser.add_argument("reports", nargs="+", help="report folders (each holds results.json)")
+    parser.add_argument("--out", required=True, help="folder for reproduction.csv and reproduction.md")
+    args = parser.parse_args(argv)
+    tables = {}
+    for folder in map(Path, args.reports):
+        results = json.loads((folder / "results.json").read_text())
+        tables[str(results["settings"]["model"])] = pd.DataFrame(results["reproduction"])
+    table = side_by_side(tables)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "reproduction.csv", index=False)
+    (out / "reproduction.md").write_text(markdown_table(table.drop(columns=["paper"])))
+    print(table[["claim"] + [c for c in table.columns if c.endswith("verdict")] + ["across models"]].to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -316,3 +316,28 @@ def test_paired_mean_difference() -> None:
     a, b = np.arange(10.0), np.arange(10.0) - 1.5
     est = pr.paired_mean_difference(a, b, n_boot=50)
     assert est.value == pytest.approx(1.5) and est.low == pytest.approx(1.5) and est.high == pytest.approx(1.5)
+
+
+@pytest.mark.integration
+def test_rtn4_group32_reproduces_the_bundled_reference(smol) -> None:
+    """The SmolLM2 reference is GGUF Q4_1 (4-bit, groups of 32, affine, full 0..15 code range):
+    min-max RTN at 4 bits and group 32 maps every block linear weight back onto itself."""
+    import torch
+
+    from interp import hooks as hk
+    from interp.quant import quantize_weight
+    from interp.reference import describe_reference
+
+    assert describe_reference("smollm2-135m").startswith("GGUF Q4_1 dequantized to fp32")
+    worst, count = 0.0, 0
+    for layer in range(smol.info.n_layers):
+        for slot in hk.linear_weights(smol, layer).values():
+            w = slot.read().detach().double()
+            q = quantize_weight(w, "rtn:bits=4,group=32").double()
+            worst = max(worst, float(((q - w).abs() / w.abs().amax(dim=1, keepdim=True)).max()))
+            count += 1
+    assert count == 210
+    # Q4_1 stores d and m in float16, dequantized once to float32: RTN recomputes scale = (max - min) / 15
+    # from the same values in float64, so codes match and the weights agree to float32 rounding of
+    # d * q + m (|q| <= 15): a relative error of a few 2^-24 of the row's largest weight
+    assert worst < 1e-6

@@ -1,0 +1,62 @@
+"""The least-squares tuned lens: the closed-form fit against numpy's solver, caching, and decoding."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from interp.data import Examples
+from interp.tuned_lens import RIDGE, TunedLens, _capture, fit_tuned_lens, tuned_early_exit
+
+
+@pytest.fixture(scope="module")
+def rows(tiny_llama):
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(2, 256, (12, 24), generator=generator)
+    tokens[:, 0] = tiny_llama.info.bos_id
+    return Examples.from_tokens(tokens)
+
+
+def test_fit_matches_numpy_ridge_solution(tiny_llama, rows) -> None:
+    lens = fit_tuned_lens(tiny_llama, rows, batch_size=5, progress=False)
+    d = tiny_llama.cfg.d_model
+    resids, final = _capture(tiny_llama, rows.tokens, lens.layers)
+    y = final[:, 1:].reshape(-1, d).double().numpy()
+    for i, r in enumerate(resids):
+        x = np.concatenate([r[:, 1:].reshape(-1, d).double().numpy(), np.ones((y.shape[0], 1))], axis=1)
+        gram = x.T @ x
+        lam = RIDGE * np.diag(gram)[:d].mean()
+        reg = gram + np.diag(np.r_[np.full(d, lam), 0.0])
+        naive = np.linalg.solve(reg, x.T @ y)
+        # the fit accumulates the Gram matrix in float64 over batches and stores float32: agreement to
+        # float32 rounding of the solution (2^-24 relative) times the system's conditioning, well under 1e-4
+        scale = np.abs(naive).max()
+        assert np.abs(lens.weight[i].double().numpy() - naive[:d]).max() < 1e-4 * scale
+        assert np.abs(lens.bias[i].double().numpy() - naive[d]).max() < 1e-4 * scale
+    assert len(lens.settings["r2_by_layer"]) == len(lens.layers)
+    assert all(r2 <= 1 + 1e-9 for r2 in lens.settings["r2_by_layer"])
+
+
+def test_round_trip_and_decoding(tiny_llama, rows, tmp_path) -> None:
+    lens = fit_tuned_lens(tiny_llama, rows, progress=False)
+    path = lens.save(tmp_path / "lens.safetensors")
+    back = TunedLens.load(path)
+    assert torch.equal(back.weight, lens.weight) and torch.equal(back.bias, lens.bias)
+    assert back.layers == lens.layers and back.settings == lens.settings
+    result = tuned_early_exit(tiny_llama, back, rows, batch_size=4)
+    assert tuple(result.nll.shape) == (len(lens.layers), len(rows))
+    assert torch.isfinite(result.nll).all()
+    # every decoding is a proper distribution over the vocabulary: NLL is positive
+    assert float(result.nll.min()) > 0
+    assert math.isfinite(float(result.layer_mean().mean()))
+
+
+def test_too_few_tokens_is_a_clear_error(tiny_llama) -> None:
+    from interp.errors import InterpError
+
+    few = Examples.from_tokens(torch.randint(2, 256, (2, 8)))
+    with pytest.raises(InterpError, match="calibration tokens"):
+        fit_tuned_lens(tiny_llama, few, progress=False)
