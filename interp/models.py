@@ -476,7 +476,8 @@ def _from_memory(obj: Any, tokenizer: Any, name: str | None, dtype: torch.dtype 
     if tokenizer is None:
         raise ModelLoadError(f"{type(obj).__name__} came without a tokenizer: pass tokenizer=AutoTokenizer...(...).")
     if dtype is not None or device is not None:
-        hf_model.to(device=device, dtype=dtype)  # in place, as nn.Module.to always is
+        # in place, as nn.Module.to always is (transformers types .to unbound: self first)
+        hf_model.to(device=device, dtype=dtype)  # type: ignore[call-arg]
     label = name or str(getattr(hf_model.config, "_name_or_path", "") or type(hf_model).__name__)
     if not _is_bridge(obj):
         return bridge(hf_model.eval(), tokenizer, label)

@@ -73,8 +73,9 @@ def test_curves_table_figure_and_split(pair, rows):
 
 
 def test_early_exit_errors(tiny_gpt2, rows, pair):
-    with pytest.raises(ComponentError, match="llama-style"):
-        lens.early_exit(tiny_gpt2, rows)
+    # GPT-2 (ln_f, tied head) decodes as every family does: the last exit is the same final residual, norm and
+    # head as nll(), only the log-sum-exp order differs (~1e-6), so its NLL to 1e-4
+    assert torch.allclose(lens.early_exit(tiny_gpt2, rows).nll[-1], interp.nll(tiny_gpt2, rows), atol=1e-4)
     with pytest.raises(ComponentError, match="resid_mid"):
         lens.early_exit(pair[0], rows, at="attn_out")
 

@@ -78,7 +78,7 @@ def test_probe_result_is_batch_invariant_and_round_trips(tiny_llama, tmp_path):
 
 
 def test_gate_on_gpt2_names_the_architecture(tiny_gpt2):
-    with pytest.raises(ComponentError, match="GPT2LMHeadModel has a plain MLP"):
+    with pytest.raises(ComponentError, match=r"plain MLP: GPT2LMHeadModel \(family gpt2\) has"):
         probe(tiny_gpt2, _tokens(), ["gate"], ["norm"], progress=False)
     res = probe(tiny_gpt2, _tokens(), ["resid_mid", "h", "down"], ["norm"], progress=False)
     assert res["h", "norm"].shape == (2, 6)
@@ -150,7 +150,7 @@ def test_gemma_h_and_gate_match_manual(gemma):
 
 
 def _both_paths(model, ex, layers):
-    for component in hk.COMPONENTS:
+    for component in hk.components(model):
         reducers = ["entropy", "gtd", "sink_share", "full"] if component == "pattern" else ["norm", "kurtosis", "full"]
         fast = probe(model, ex, [component], reducers, batch_size=2, layers=layers, native=True, progress=False)
         hooked = probe(model, ex, [component], reducers, batch_size=2, layers=layers, native=False, progress=False)

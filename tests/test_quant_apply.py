@@ -107,9 +107,11 @@ def test_calibrated_method_without_calibration_is_a_clear_error(model):
         qa.quantize(model, "rtn:bits=3,group=48", progress=False)
 
 
-def test_plain_mlp_model_is_refused(tiny_gpt2):
-    with pytest.raises(ComponentError, match="gate"):
-        qa.quantize(tiny_gpt2, SPEC_RTN, progress=False)
+def test_plain_mlp_model_quantizes_without_a_gate(tiny_gpt2):
+    # GPT-2: Conv1D weights, fused q/k/v, no gate (every family: tests/test_families.py)
+    qmodel = qa.quantize(tiny_gpt2, SPEC_RTN, progress=False)
+    assert "gate" not in hooks.linear_weights(qmodel, 0) and {"q", "k", "v", "up", "down"} <= set(
+        hooks.linear_weights(qmodel, 0))
 
 
 def test_linear_input_hook_names(model):
