@@ -91,5 +91,5 @@ def cmd_report(args: argparse.Namespace) -> int:
     for name, seconds in results["stage_seconds"].items():
         print(f"  {name:<14} {seconds:7.1f} s")
     for row in results["reproduction"]:
-        print(f"  - {row['finding']}: paper {row['paper value']}, here {row['measured here']} ({row['holds here']})")
+        print(f"  - [{row['verdict']}] {row['claim']}: paper {row['paper value']}, here {row['measured here']}")
     return 0

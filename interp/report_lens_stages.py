@@ -61,7 +61,7 @@ def stage_early_exit(ctx: ReportContext) -> StageOutput:
         lens = tuned_lens_cached(ctx.model, ctx.calibration, cache_dir() / "tuned_lens", batch_size=bs,
                                  progress=ctx.progress)
     except InterpError as exc:  # too few calibration tokens for a d x d fit (e.g. --quick)
-        m_tuned, info_tuned = Measurement(untestable=f"no tuned lens: {exc}"), {}
+        m_tuned, info_tuned = Measurement(untestable=f"no tuned lens: {exc}"), dict[str, Any]()
     else:
         tuned = EarlyExitCurves(results={f"{m} / {s}": tuned_early_exit(model, lens, ex, batch_size=bs)
                                          for m, model in models.items() for s, ex in sets.items()},

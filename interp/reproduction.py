@@ -141,12 +141,12 @@ def present_at_level(est: Estimate, null: float, level: float, direction: int) -
     lo, hi = (est.low, est.high) if direction > 0 else (-est.high, -est.low)
     nul, lev = direction * null, direction * level
     if hi < nul:
-        return Judgement(FAILS, f"contradicted: the interval lies on the other side of {null:g}")
+        return Judgement(FAILS, f"contradicted: the interval lies on the other side of {null:.3g}")
     if lo <= nul:
-        return Judgement(FAILS, f"not shown: the interval includes {null:g}")
+        return Judgement(FAILS, f"not shown: the interval includes {null:.3g}")
     if hi >= lev:
-        return Judgement(HOLDS, f"the interval excludes {null:g} and reaches the paper's level {level:g}")
-    return Judgement(PARTLY, f"present (the interval excludes {null:g}) but wholly short of the paper's level "
+        return Judgement(HOLDS, f"the interval excludes {null:.3g} and reaches the paper's level {level:g}")
+    return Judgement(PARTLY, f"present (the interval excludes {null:.3g}) but wholly short of the paper's level "
                              f"{level:g}")
 
 
@@ -175,7 +175,7 @@ def two_part(first: bool, second: bool, first_text: str, second_text: str) -> Ju
         return Judgement(HOLDS, f"{first_text} and {second_text}")
     if first or second:
         shown, missing = (first_text, second_text) if first else (second_text, first_text)
-        return Judgement(PARTLY, f"{shown}, but not {missing}")
+        return Judgement(PARTLY, f"{shown}; not shown: {missing}")
     return Judgement(FAILS, f"neither {first_text} nor {second_text}")
 
 
@@ -360,7 +360,7 @@ def _strong_component(m: Measurement) -> Judgement:
     if gate:
         return gate
     return two_part(m.estimates["margin"].low > 0, m.estimates["recovery"].low > STRONG,
-                    "it recovers more than up and attention (margin interval above 0)",
+                    "recovers more than up and attention (margin interval above 0)",
                     f"recovery above {STRONG} (whole interval)")
 
 
@@ -369,7 +369,7 @@ def _weak_component(m: Measurement) -> Judgement:
     if gate:
         return gate
     return two_part(m.estimates["margin"].low > 0, m.estimates["recovery"].high < LITTLE,
-                    "it recovers less than down and gate (margin interval above 0)",
+                    "recovers less than down and gate (margin interval above 0)",
                     f"recovery below {LITTLE} (whole interval)")
 
 

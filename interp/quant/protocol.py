@@ -361,7 +361,7 @@ def split_share(reference: np.ndarray, quantized: np.ndarray, layers: Sequence[i
     if keep.size == 0:
         return Estimate(math.nan), -1
     ref, q = np.asarray(reference, dtype=np.float64)[keep], np.asarray(quantized, dtype=np.float64)[keep]
-    kept_layers = [layers[i] for i in keep]
+    kept_layers = [layers[int(i)] for i in keep]
 
     def share(rows: Any) -> float:
         gap = q[:, rows].mean(axis=1) - ref[:, rows].mean(axis=1)
