@@ -423,7 +423,8 @@ def reproduction_frame(measurements: Mapping[str, Measurement], keys: list[str] 
         m = measurements.get(key)
         j = judge(key, m)
         rows.append({"paper": c.paper, "claim": c.claim, "paper value": c.paper_value, "statistic": c.statistic,
-                     "criterion": c.criterion, "measured here": m.text if m is not None else "not run",
+                     "criterion": c.criterion,
+                     "measured here": "not run" if m is None else (m.text or "not measured (see why)"),
                      "verdict": j.verdict, "why": j.reason})
     return pd.DataFrame(rows, columns=COLUMNS)
 

@@ -45,8 +45,18 @@ def test_report_outputs(quick_report):
     assert pngs and len(pngs) == len(svgs)
     assert all(p.stat().st_size > 5_000 for p in pngs)
     assert (out / "tables" / "reproduction.csv").is_file()
+    from interp.reproduction import CLAIMS, VERDICTS
+
+    assert [row["claim"] for row in results["reproduction"]] == [c.claim for c in CLAIMS.values()]
     for row in results["reproduction"]:
         assert row["measured here"] not in ("", None)
+        assert row["verdict"] in VERDICTS and row["why"] and row["criterion"]
+    assert results["reference"].startswith("GGUF Q4_1 dequantized to fp32")
+    assert "Reference model: GGUF Q4_1 dequantized to fp32" in page
+    shown = {row["verdict"] for row in results["reproduction"]}
+    css = {"holds": "verdict-holds", "partly": "verdict-partly", "does not hold": "verdict-fails",
+           "not testable here": "verdict-untestable", "by construction": "verdict-construction"}
+    assert all(f"class='verdict {css[v]}'" in page for v in shown)  # every verdict cell is coloured
 
 
 def test_rerun_resumes_without_recomputing(quick_report):
