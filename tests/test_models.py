@@ -120,7 +120,8 @@ def test_gemma_loads_and_predicts(gemma):
 
     assert gemma.info.family == "gemma3" and gemma.info.n_layers == 18 and gemma.info.gated_mlp
     ex = interp.load_examples("wiki", gemma.tokenizer, n=2, seq_len=32)
-    folder = next((models.cache_dir() / "models").glob("gemma-3-270m-q4_k_m-*"))
+    # an interrupted conversion leaves a ``.partial-*`` folder beside the finished one: skip it
+    folder = next(p for p in (models.cache_dir() / "models").glob("gemma-3-270m-q4_k_m-*") if ".partial" not in p.name)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True,
                                               attn_implementation="eager").eval()
     with torch.no_grad():
