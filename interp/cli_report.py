@@ -60,6 +60,8 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=device_type, default="cpu", help="cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="model parameter dtype")
     p.add_argument("--no-static", action="store_true", help="skip PNG/SVG export")
+    p.add_argument("--single-file", action="store_true",
+                   help="also write OUT/report.html: one page with plotly.js inlined (~5 MB) that works on its own")
     p.add_argument("--screenshot", default=None, help="also save a headless-Chromium screenshot of the page here")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_checks(p, check_loads_model, check_data, check_out, _check_screenshot)
@@ -82,8 +84,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     settings = ReportSettings.quick(**overrides) if args.quick else ReportSettings(**overrides)
     start = time.time()
     results = run_report(args.out, settings, stages=args.stages.split(",") if args.stages else None,
-                         progress=False if args.quiet else None, static=not args.no_static)
+                         progress=False if args.quiet else None, static=not args.no_static,
+                         single_file=args.single_file)
     print(f"report written to {args.out}/index.html in {time.time() - start:.0f} s")
+    if args.single_file:
+        print(f"single-file report (plotly.js inlined): {args.out}/report.html")
     if args.screenshot:
         from interp.report import screenshot
 

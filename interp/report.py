@@ -11,30 +11,37 @@ Outputs:
 
 - ``index.html`` with every figure, interactive; ``plotly.min.js`` sits beside it, so the
   page works offline with no CDN;
+- with ``single_file``, ``report.html``: the same page with plotly.js inlined, one file that
+  works when moved or mailed on its own;
 - ``figures/*.png`` and ``figures/*.svg`` for papers (kaleido + headless Chromium);
 - ``tables/*.csv``;
 - ``results.json`` with every number, the settings, package versions and stage times.
 
-All text that comes from data (document titles, tokens, user file names) is HTML-escaped.
+The page is rendered from the Jinja2 templates in ``interp/templates`` with autoescaping on: all
+text that comes from data (document titles, tokens, user file names) is HTML-escaped; only
+plotly's own figure markup and plotly.js are inserted as trusted markup.
 """
 
 from __future__ import annotations
 
 import hashlib
-import html
 import json
 import platform
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
+from markupsafe import Markup
 from tqdm.auto import tqdm
 
 from interp.io import atomic_write_bytes, ensure_writable_dir, write_json
@@ -189,8 +196,15 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+@lru_cache(maxsize=1)
+def _templates() -> jinja2.Environment:
+    """The report's Jinja2 templates (``interp/templates``), autoescaping every value that is not Markup."""
+    return jinja2.Environment(loader=jinja2.PackageLoader("interp", "templates"), autoescape=True,
+                              undefined=jinja2.StrictUndefined)
+
+
+def _macros() -> Any:
+    return _templates().get_template("macros.html.j2").module
 
 
 def _timing(outputs: dict[str, StageOutput], this_run: float) -> str:
@@ -201,14 +215,26 @@ def _timing(outputs: dict[str, StageOutput], this_run: float) -> str:
     return f"stages computed in {computed:.0f} s; this run took {this_run:.0f} s (finished stages were reused)"
 
 
-def _table_html(table: pd.DataFrame, max_rows: int = 40) -> str:
+def _cell(value: Any, is_float: bool) -> str:
+    if is_float and isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool):
+        return "NaN" if pd.isna(value) else f"{value:.4g}"
+    return "NaN" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
+
+
+def _table_context(table: pd.DataFrame, caption: str, max_rows: int = 40) -> dict[str, Any]:
+    """What the ``data_table`` macro needs: caption, column names, cell text (not yet escaped), rows left out."""
     shown = table.head(max_rows)
     numeric = [pd.api.types.is_numeric_dtype(dtype) for dtype in shown.dtypes]
+    floats = [pd.api.types.is_float_dtype(dtype) for dtype in shown.dtypes]
     mostly_text = bool(numeric) and numeric.count(False) > len(numeric) / 2  # sentences read better left-aligned
-    body = shown.to_html(index=False, escape=True, float_format=lambda v: f"{v:.4g}", border=0,
-                         classes="data text" if mostly_text else "data")
-    more = f"<p class='more'>{len(table) - max_rows} more rows in the CSV.</p>" if len(table) > max_rows else ""
-    return body + more
+    rows = [[_cell(v, f) for v, f in zip(row, floats, strict=True)] for row in shown.itertuples(index=False)]
+    return {"caption": caption, "columns": [str(c) for c in shown.columns], "rows": rows,
+            "classes": "data text" if mostly_text else "data", "more": max(0, len(table) - max_rows)}
+
+
+def _table_html(table: pd.DataFrame, max_rows: int = 40, caption: str = "") -> Markup:
+    """One data table with its ``<caption>`` (all text escaped); the first ``max_rows`` rows."""
+    return _macros().data_table(_table_context(table, caption, max_rows))
 
 
 CSS = """
@@ -224,7 +250,10 @@ table.data.text td,table.data.text th{text-align:left}
 td.verdict{font-weight:600;white-space:nowrap}.verdict-holds{color:#1a7f37;background:#e6f4ea}
 .verdict-fails{color:#b42318;background:#fde8e7}.verdict-partly{color:#9a6700;background:#fff4d6}
 .verdict-untestable{color:#555;background:#f0f0f0}.verdict-construction{color:#3949ab;background:#e8eaf6}
-table.repro td{vertical-align:top;text-align:left}table.repro td.small{font-size:12px;color:#555;max-width:320px}
+table.repro td,table.repro th{vertical-align:top;text-align:left}
+table.repro td.small{font-size:12px;color:#555;max-width:320px}
+table.data caption{caption-side:top;text-align:left;font-weight:600;font-size:14px;padding:10px 0 4px}
+figure.fig{margin:14px 0}figure.fig figcaption{font-size:13px;color:#444;padding:2px 4px}
 """
 
 
@@ -232,65 +261,74 @@ VERDICT_CLASS = {"holds": "verdict-holds", "partly": "verdict-partly", "does not
                  "not testable here": "verdict-untestable", "by construction": "verdict-construction"}
 
 
-def reproduction_html(table: pd.DataFrame) -> str:
+def reproduction_html(table: pd.DataFrame, caption: str = "The two papers' findings, reproduced here") -> Markup:
     """The reproduction table with each verdict cell coloured by outcome (all text escaped)."""
-    head = ("<tr><th>paper</th><th>claim</th><th>paper value</th><th>measured here (95% CI)</th><th>verdict</th>"
-            "<th>why</th><th>statistic and criterion (fixed before measuring)</th></tr>")
-    body = []
+    rows = []
     for row in table.rename(columns=lambda c: c.replace(" ", "_")).itertuples(index=False):
         d = row._asdict()
-        body.append(
-            f"<tr><td>{_esc(d['paper'])}</td><td>{_esc(d['claim'])}</td><td>{_esc(d['paper_value'])}</td>"
-            f"<td>{_esc(d['measured_here'])}</td>"
-            f"<td class='verdict {VERDICT_CLASS.get(d['verdict'], '')}'>{_esc(d['verdict'])}</td>"
-            f"<td class='small'>{_esc(d['why'])}</td>"
-            f"<td class='small'><b>statistic:</b> {_esc(d['statistic'])}<br><b>criterion:</b> "
-            f"{_esc(d['criterion'])}</td></tr>")
-    return f"<table class='data repro'>{head}{''.join(body)}</table>"
+        rows.append({**d, "verdict_class": VERDICT_CLASS.get(d["verdict"], "")})
+    return _macros().reproduction_table(rows, caption)
+
+
+def _figure_caption(fig: go.Figure, key: str) -> str:
+    """The figure's title (line breaks as spaces), or its key when it has none; escaped where it is used."""
+    title = fig.layout.title.text if fig.layout.title is not None else None
+    title = re.sub(r"<br\s*/?>", " ", str(title)).strip() if title else ""
+    return title or key
+
+
+def _figure_context(stage: str, name: str, fig: go.Figure, png: str | None) -> dict[str, Any]:
+    div_id = f"fig-{stage}-{name}"
+    div = pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=div_id, config={"displaylogo": False})
+    return {"id": f"{stage}-{name}", "caption": _figure_caption(fig, name), "png": png,
+            "div": Markup(div)}  # plotly's own markup: its JSON escapes '<' and '/' in data text
 
 
 def render_html(settings: ReportSettings, stages: list[Stage], outputs: dict[str, StageOutput],
                 reproduction: pd.DataFrame, versions: dict[str, str], total_seconds: float,
-                reference: str = "") -> str:
-    parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-             "<meta name='viewport' content='width=device-width, initial-scale=1'>",
-             "<title>interp report</title><script src='plotly.min.js'></script>",
-             f"<style>{CSS}</style></head><body>",
-             f"<header><h1>interp report: {_esc(settings.model)} on {_esc(settings.data)}</h1>",
-             f"<div>{_esc(settings.n)} examples x {settings.seq_len} tokens, seed {settings.seed}; "
-             f"{_timing(outputs, total_seconds)}</div>",
-             f"<div>Reference model: {_esc(reference or settings.model)}</div></header><main>"]
-    parts.append("<nav>" + "".join(f"<a href='#{s.name}'>{_esc(s.title)}</a>" for s in stages if s.name in outputs)
-                 + "<a href='#reproduction'>Reproduction table</a><a href='#settings'>Settings</a></nav>")
+                reference: str = "", plotly_js: str | None = None,
+                static_pngs: Callable[[str], str | None] | None = None) -> str:
+    """The report page.
+
+    Args:
+        plotly_js: plotly.js source to inline in the page (a single file that travels alone); by
+            default the page loads ``plotly.min.js`` from beside it.
+        static_pngs: maps a figure's file stem (``<stage>__<figure>``) to the link of its static PNG, or
+            None when there is none; by default no figure links a PNG.
+    """
+    reference = reference or settings.model
     counts = reproduction["verdict"].value_counts()
     tally = ", ".join(f"{counts[v]} {v}" for v in VERDICT_CLASS if v in counts)
-    parts.append("<section id='reproduction'><h2>Reproduction table</h2><p class='note'>Each finding of the two "
-                 "papers, the paper's number, and the statistic measured here with its 95% interval. Every criterion "
-                 "was fixed in code (interp/reproduction.py) before the measurement; the verdict is read from the "
-                 f"interval, never from the point estimate. The reference is {_esc(reference or settings.model)}. "
-                 f"Verdicts: {_esc(tally)}.</p>")
-    parts.append(reproduction_html(reproduction) + "</section>")
+    sections = []
     for stage in stages:
         output = outputs.get(stage.name)
         if output is None:
             continue
-        parts.append(f"<section id='{stage.name}'><h2>{_esc(stage.title)}</h2><p class='note'>{_esc(stage.intro)}</p>")
-        for note in output.notes:
-            parts.append(f"<p class='note'>{_esc(note)}</p>")
-        for name, fig in output.figures.items():
-            div = pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"fig-{stage.name}-{name}",
-                              config={"displaylogo": False})
-            parts.append(f"<div class='fig'>{div}</div>")
-        for name, table in output.tables.items():
-            parts.append(f"<h3>{_esc(name)}</h3>" + _table_html(table))
-        parts.append(f"<p class='more'>stage time: {output.seconds:.1f} s</p></section>")
+        figures = [_figure_context(stage.name, name, fig, static_pngs(f"{stage.name}__{name}") if static_pngs else None)
+                   for name, fig in output.figures.items()]
+        tables = [_table_context(table, f"{name} (tables/{stage.name}__{name}.csv)")
+                  for name, table in output.tables.items()]
+        sections.append({"name": stage.name, "title": stage.title, "intro": stage.intro, "notes": output.notes,
+                         "figures": figures, "tables": tables, "seconds": output.seconds})
     rows = {**{k: v for k, v in asdict(settings).items()}, **{f"version {k}": v for k, v in versions.items()}}
-    rows["reference"] = reference or settings.model
+    rows["reference"] = reference
     rows.update({f"time {s.name} (s)": f"{outputs[s.name].seconds:.1f}" for s in stages if s.name in outputs})
     settings_table = pd.DataFrame({"setting": list(rows), "value": [str(v) for v in rows.values()]})
-    parts.append("<section id='settings'><h2>Settings</h2>" + _table_html(settings_table, 200) + "</section>")
-    parts.append("</main></body></html>")
-    return "\n".join(parts)
+    page = _templates().get_template("report.html.j2").render(
+        settings=settings, reference=reference, timing=_timing(outputs, total_seconds), tally=tally,
+        sections=sections, css=Markup(CSS),
+        reproduction=reproduction_html(reproduction, f"The two papers' findings on {settings.model}: "
+                                                     f"paper value, measurement here and verdict"),
+        settings_table=_table_context(settings_table, "Settings, package versions and time per stage", 200),
+        plotly_js=None if plotly_js is None else Markup(_script_safe(plotly_js)))
+    return page
+
+
+def _script_safe(js: str) -> str:
+    """JavaScript to inline in a ``<script>`` element: it must not close the element early."""
+    if "</script" in js.lower() or "<!--" in js:
+        raise ValueError("this plotly.js cannot be inlined: it contains '</script' or '<!--'")
+    return js
 
 
 # ---------------------------------------------------------------------------------------
@@ -298,7 +336,7 @@ def render_html(settings: ReportSettings, stages: list[Stage], outputs: dict[str
 
 
 def run_report(out: str | Path, settings: ReportSettings | None = None, stages: list[str] | None = None,
-               progress: bool | None = None, static: bool = True) -> dict[str, Any]:
+               progress: bool | None = None, static: bool = True, single_file: bool = False) -> dict[str, Any]:
     """Run (or resume) the report into ``out`` and return the ``results.json`` content.
 
     Args:
@@ -307,6 +345,8 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
         stages: names of the stages to run (default: all).
         progress: progress bars (default: when stderr is a terminal).
         static: also export PNG and SVG copies of every figure.
+        single_file: also write ``report.html``, one page with plotly.js inlined that works when moved
+            on its own (about 5 MB).
     """
     from interp.report_stages import _all_stages, reproduction_table
 
@@ -336,7 +376,8 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
     reproduction = reproduction_table(outputs, settings)
     versions = _versions()
     reference = context.reference_description
-    _write_outputs(folder, settings, chosen, outputs, reproduction, versions, total, static, reference)
+    _write_outputs(folder, settings, chosen, outputs, reproduction, versions, total, static, reference,
+                   single_file)
     results = {
         "settings": asdict(settings), "versions": versions, "reference": reference,
         "stage_seconds": {name: o.seconds for name, o in outputs.items()},
@@ -349,14 +390,23 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
 
 def _write_outputs(folder: Path, settings: ReportSettings, stages: list[Stage], outputs: dict[str, StageOutput],
                    reproduction: pd.DataFrame, versions: dict[str, str], total: float, static: bool,
-                   reference: str = "") -> None:
+                   reference: str = "", single_file: bool = False) -> None:
+    """Write ``index.html`` + ``plotly.min.js``, the CSV tables, the static figures and, with
+    ``single_file``, ``report.html`` (plotly.js inlined, no links to files beside it)."""
     from plotly.offline import get_plotlyjs
 
     from interp.figures import export_static
 
-    atomic_write_bytes(folder / "plotly.min.js", get_plotlyjs().encode())
-    page = render_html(settings, stages, outputs, reproduction, versions, total, reference)
-    atomic_write_bytes(folder / "index.html", page.encode("utf-8"))
+    plotly_js = get_plotlyjs()
+    atomic_write_bytes(folder / "plotly.min.js", plotly_js.encode())
+
+    def png_link(stem: str) -> str | None:  # the PNG this run exports, or one a previous run left
+        return f"figures/{stem}.png" if static or (folder / "figures" / f"{stem}.png").is_file() else None
+
+    args = (settings, stages, outputs, reproduction, versions, total, reference)
+    atomic_write_bytes(folder / "index.html", render_html(*args, static_pngs=png_link).encode("utf-8"))
+    if single_file:
+        atomic_write_bytes(folder / "report.html", render_html(*args, plotly_js=plotly_js).encode("utf-8"))
     tables_dir = folder / "tables"
     tables_dir.mkdir(exist_ok=True)
     reproduction.to_csv(tables_dir / "reproduction.csv", index=False)

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,34 @@ def test_rerun_resumes_without_recomputing(quick_report):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert {p: p.stat().st_mtime_ns for p in markers} == markers  # no stage was recomputed
     assert time.time() - began < first_seconds
+
+
+@pytest.fixture(scope="module")
+def single_file_report(quick_report) -> Path:
+    """The quick report re-rendered with --single-file (every stage is cached: it only renders)."""
+    out, _ = quick_report
+    proc = _run_report(out, "--single-file", "--no-static", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out / "report.html"
+
+
+def test_single_file_report(quick_report, single_file_report):
+    from plotly.offline import get_plotlyjs
+
+    out, _ = quick_report
+    page = single_file_report.read_text(encoding="utf-8")
+    plotly_js = get_plotlyjs()
+    assert "src='plotly.min.js'" not in page and "plotly.min.js'></script>" not in page
+    assert f"<script>{plotly_js}</script>" in page  # plotly.js inline
+    rest = page.replace(plotly_js, "")  # plotly.js itself names cdn.plot.ly (for geo maps, unused here)
+    assert "cdn.plot.ly" not in rest and "<script src=" not in rest  # nothing loaded from beside it or the web
+    assert "href='figures/" not in page  # no links to files that stay behind
+    size = single_file_report.stat().st_size
+    index = (out / "index.html").stat().st_size
+    # the page with plotly.js inside: plotly.js (~4.8 MB) plus the figures and tables of index.html
+    assert size == pytest.approx(len(plotly_js.encode()) + index, abs=10_000), (size, index)
+    assert 4_000_000 < size < 8_000_000, size
+    assert page.count("<figcaption>") == (out / "index.html").read_text().count("<figcaption>") > 0
 
 
 def _numbers(report: Path) -> tuple[dict, dict[str, str]]:
@@ -145,6 +174,101 @@ def test_text_from_data_is_escaped(tmp_path, smol):
     assert "&lt;/script&gt;" in page or "\\u003c" in page
 
 
+class _Structure(HTMLParser):
+    """What the accessibility checks read from a page: each table's first child, figures and their
+    captions, and the alt text of each role='img' element."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[str | None] = []  # the first tag inside each table
+        self.figures = 0
+        self.captions: list[str] = []  # figcaption text
+        self.alt: list[str] = []  # aria-label of each role='img'
+        self.viewport = False
+        self._in_figcaption = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if self.tables and self.tables[-1] is None:
+            self.tables[-1] = tag
+        if tag == "table":
+            self.tables.append(None)
+        elif tag == "figure":
+            self.figures += 1
+        elif tag == "figcaption":
+            self._in_figcaption = True
+            self.captions.append("")
+        elif tag == "meta" and a.get("name") == "viewport":
+            self.viewport = "width=device-width" in (a.get("content") or "")
+        if a.get("role") == "img":
+            self.alt.append(a.get("aria-label") or "")
+
+    def handle_endtag(self, tag):
+        if tag == "figcaption":
+            self._in_figcaption = False
+
+    def handle_data(self, data):
+        if self._in_figcaption:
+            self.captions[-1] += data
+
+
+def _fake_report(hostile: str):
+    """A tiny report with no model: one stage, two figures (one titled with hostile text, one untitled),
+    one table with hostile cells and column name, and a reproduction table with all five verdicts."""
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    from interp.report import ReportSettings, Stage, StageOutput
+
+    titled = go.Figure(go.Scatter(x=[0, 1, 2], y=[1, 3, 2], text=[hostile] * 3), layout={"title": {"text": hostile}})
+    untitled = go.Figure(go.Bar(x=["a", "b"], y=[1, 2]))
+    table = pd.DataFrame({"token": [hostile, "plain"], hostile: [0.123456789, float("nan")], "count": [3, 4]})
+    output = StageOutput(tables={"tokens": table}, figures={"titled": titled, "untitled_key": untitled},
+                         numbers={"x": 1.0}, notes=[hostile], seconds=1.5)
+    stage = Stage(name="fake", title=f"Fake stage {hostile}", intro=hostile, run=lambda ctx: output)
+    verdicts = ["holds", "partly", "does not hold", "not testable here", "by construction"]
+    reproduction = pd.DataFrame({"paper": ["P"] * 5, "claim": [f"claim {i} {hostile}" for i in range(5)],
+                                 "paper value": ["1"] * 5, "measured here": ["2 [1, 3]"] * 5, "verdict": verdicts,
+                                 "why": [hostile] * 5, "statistic": ["s"] * 5, "criterion": [hostile] * 5})
+    settings = ReportSettings.quick(data=hostile)
+    return settings, [stage], {"fake": output}, reproduction
+
+
+def test_render_html_escapes_and_captions_without_a_model():
+    """The rendering functions alone, on a fake stage: hostile text in titles, notes, cells, column names
+    and captions is escaped; every table has a <caption>, every figure a <figcaption> and alt text."""
+    from interp.report import VERDICT_CLASS, _script_safe, _table_html, render_html
+
+    settings, stages, outputs, reproduction = _fake_report(HOSTILE)
+    page = render_html(settings, stages, outputs, reproduction, {"python": "3"}, 1.5, reference=HOSTILE,
+                       static_pngs=lambda stem: f"figures/{stem}.png" if stem == "fake__titled" else None)
+    assert "<script>window.__pwned" not in page and "<img src=x" not in page
+    assert "&lt;/script&gt;&lt;script&gt;window.__pwned" in page  # shown as text, not dropped
+    structure = _Structure()
+    structure.feed(page)
+    assert structure.viewport
+    assert len(structure.tables) == 3 and all(first == "caption" for first in structure.tables), structure.tables
+    assert structure.figures == 2 and len(structure.captions) == 2
+    assert structure.captions[0].startswith(HOSTILE)  # the title, decoded back to the text it was
+    assert structure.captions[0].endswith("(static PNG)") and "href='figures/fake__titled.png'" in page
+    assert structure.captions[1] == "untitled_key"  # no title: the figure's key
+    assert structure.alt == [HOSTILE, "untitled_key"]  # alt text = the caption
+    assert page.count("class='plotly-graph-div'") + page.count('class="plotly-graph-div"') == 2
+    for verdict, css in VERDICT_CLASS.items():
+        assert f"<td class='verdict {css}'>{verdict}</td>" in page
+    assert "0.1235" in page and "NaN" in page  # floats as before: 4 significant digits
+    assert "<script src='plotly.min.js'></script>" in page
+
+    single = render_html(settings, stages, outputs, reproduction, {"python": "3"}, 1.5, plotly_js="var plotly=1;")
+    assert "<script>var plotly=1;</script>" in single and "plotly.min.js" not in single
+    assert "href='figures/" not in single
+    one = str(_table_html(outputs["fake"].tables["tokens"], max_rows=1, caption=HOSTILE))
+    assert one.startswith("<table class='data'><caption>&lt;/script&gt;") and "<script>" not in one
+    assert "1 more rows in the CSV." in one
+    with pytest.raises(ValueError, match="cannot be inlined"):
+        _script_safe("x = '</script>';")
+
+
 def _chromium_page(path: Path):
     from playwright.sync_api import sync_playwright
 
@@ -155,20 +279,18 @@ def _chromium_page(path: Path):
     return pw, browser
 
 
-@pytest.mark.browser
-def test_report_renders_in_headless_chromium(quick_report, tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"Chromium not found at {CHROMIUM}: run `make chromium` (the Makefile installs it).")
+def _check_page_in_chromium(html_file: Path, n_figures: int, shot: Path) -> None:
+    """Open one report page in headless Chromium: no console errors, every figure drawn with marks and
+    captioned, nothing from the data ran, and a screenshot that is not blank."""
     from PIL import Image
 
-    out, _ = quick_report
-    pw, browser = _chromium_page(out / "index.html")
+    pw, browser = _chromium_page(html_file)
     try:
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         errors: list[str] = []
         page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto((out / "index.html").resolve().as_uri())
+        page.goto(html_file.resolve().as_uri())
         page.wait_for_load_state("load")
         page.wait_for_timeout(1500)
         divs = page.eval_on_selector_all(
@@ -179,22 +301,43 @@ def test_report_renders_in_headless_chromium(quick_report, tmp_path):
                  const box = el.getBoundingClientRect();
                  const marks = el.querySelectorAll('g.trace path, g.trace image, .heatmaplayer image, .hm image,'
                                                   + ' .boxlayer path, .barlayer path, .scatterlayer path').length;
-                 return {id: el.id, svg: !!svg, canvas: !!canvas, w: box.width, h: box.height, marks: marks};
+                 const labelled = el.closest('[role=img]');
+                 const caption = el.closest('figure') && el.closest('figure').querySelector('figcaption');
+                 return {id: el.id, svg: !!svg, canvas: !!canvas, w: box.width, h: box.height, marks: marks,
+                         label: labelled ? labelled.getAttribute('aria-label') : '',
+                         caption: caption ? caption.textContent : ''};
                })""")
         assert errors == [], errors
-        n_figures = sum(1 for _ in (out / "stages").glob("*/*.plotly.json"))
         assert len(divs) == n_figures > 0
         for div in divs:
             assert (div["svg"] or div["canvas"]) and div["w"] > 100 and div["h"] > 100, div
             assert div["marks"] > 0, div
+            assert div["label"] and div["caption"].startswith(div["label"]), div  # alt text = the caption
         assert page.evaluate("window.__pwned === undefined")
-        shot = tmp_path / "report.png"
+        assert page.evaluate("[...document.querySelectorAll('table')].every(t => t.caption && t.caption.textContent)")
         page.screenshot(path=str(shot), full_page=False)
         image = Image.open(io.BytesIO(shot.read_bytes())).convert("L")
         low, high = image.getextrema()
-        assert high - low > 100  # not a blank page
+        assert high - low > 100, (low, high)  # not a blank page
         assert len(set(image.getdata())) > 20
     finally:
         browser.close()
         pw.stop()
+
+
+@pytest.mark.browser
+def test_report_renders_in_headless_chromium(quick_report, single_file_report, tmp_path):
+    """Both pages render: index.html beside plotly.min.js, and report.html copied alone into an empty
+    folder (it travels: plotly.js is inside it)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Chromium not found at {CHROMIUM}: run `make chromium` (the Makefile installs it).")
+    out, _ = quick_report
+    n_figures = sum(1 for _ in (out / "stages").glob("*/*.plotly.json"))
+    shot = tmp_path / "report.png"
+    _check_page_in_chromium(out / "index.html", n_figures, shot)
     shutil.copy(shot, out / "screenshot.png")
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(single_file_report, alone / "report.html")
+    assert [p.name for p in alone.iterdir()] == ["report.html"]
+    _check_page_in_chromium(alone / "report.html", n_figures, tmp_path / "single.png")
