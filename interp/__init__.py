@@ -13,6 +13,7 @@ _LAZY = {
     "ModelInfo": "interp.models",
     "load_examples": "interp.data",
     "Examples": "interp.data",
+    "examples_from_texts": "interp.data",
     "nll": "interp.scoring",
     "probe": "interp.probes",
     "ProbeResult": "interp.probes",

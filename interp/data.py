@@ -87,6 +87,7 @@ class Examples:
     settings: dict[str, Any] = field(default_factory=dict)
     tokenizer: str = ""
     vocab_size: int = 0
+    attention_mask: torch.Tensor | None = None  # [N, T] bool: True at real tokens, False at padding
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, torch.Tensor):
@@ -98,6 +99,15 @@ class Examples:
             raise DataError(f"Examples.tokens must be [N, T]; got shape {tuple(self.tokens.shape)}.")
         if not (len(self.texts) == len(self.ids) == self.tokens.shape[0]):
             raise DataError("Examples.tokens, texts and ids must have the same length.")
+        if self.attention_mask is not None:
+            mask = self.attention_mask
+            if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(self.tokens.shape):
+                raise DataError(f"Examples.attention_mask must be a tensor shaped like tokens "
+                                f"{tuple(self.tokens.shape)}; got {getattr(mask, 'shape', type(mask).__name__)}.")
+            object.__setattr__(self, "attention_mask", mask.bool())
+            if not bool(self.attention_mask.any(dim=1).all()):
+                raise DataError("Every example needs at least one real token; a row of Examples.attention_mask is "
+                                "all padding.")
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -115,7 +125,13 @@ class Examples:
             texts=[self.texts[i] for i in idx],
             ids=[self.ids[i] for i in idx],
             settings={**self.settings, "subset_of": self.settings.get("n", len(self))},
+            attention_mask=None if self.attention_mask is None else self.attention_mask[idx],
         )
+
+    @property
+    def padded(self) -> bool:
+        """True when some row carries padding (then ``attention_mask`` says where)."""
+        return self.attention_mask is not None and not bool(self.attention_mask.all())
 
     @classmethod
     def from_tokens(cls, tokens: torch.Tensor, ids: Sequence[str] | None = None) -> "Examples":
@@ -398,3 +414,69 @@ def load_examples(
         tokenizer=fingerprint,
         vocab_size=len(tokenizer),
     )
+
+
+def examples_from_texts(texts: Sequence[str], tokenizer: Any, max_len: int | None = None,
+                        padding: Literal["right", "left"] = "right", ids: Sequence[str] | None = None) -> Examples:
+    """Token rows from your own prompts, of any lengths, padded into one batch with an attention mask.
+
+    Each row is BOS + the text's tokens, cut to ``max_len`` tokens (BOS included). Shorter rows
+    are padded on the ``padding`` side with the tokenizer's pad id (else EOS, else 0), and
+    ``attention_mask`` marks the real tokens. Entry points that honour the mask (``interp.nll``
+    and ``interp.quant.store.score``) give every row the value it has when run alone and
+    unpadded; the others refuse padded examples rather than mix padding into a statistic.
+
+    Args:
+        texts: the prompts (non-empty strings).
+        tokenizer: the model's tokenizer (``model.tokenizer``).
+        max_len: the most tokens per row, BOS included (default: the longest row).
+        padding: ``"right"`` or ``"left"``.
+        ids: one id per text (default ``text0``, ``text1``, ...).
+
+    Example:
+        >>> import interp
+        >>> from interp.data import examples_from_texts
+        >>> tok = interp.models.tiny_tokenizer()
+        >>> ex = examples_from_texts(["a short one", "a longer prompt here"], tok, padding="left")
+        >>> ex.tokens.shape, ex.attention_mask.sum(dim=1).tolist()
+        (torch.Size([2, 21]), [12, 21])
+    """
+    from interp.validate import count
+
+    if isinstance(texts, str) or not isinstance(texts, Sequence) or len(texts) == 0:
+        raise DataError("examples_from_texts needs a non-empty list of strings (one prompt per row).")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(f"Text {i} is {'empty' if isinstance(text, str) else type(text).__name__}: every prompt "
+                            "must be a non-empty string.")
+    if padding not in ("right", "left"):
+        raise DataError(f"padding must be 'right' or 'left'; got {padding!r}.")
+    if max_len is not None:
+        max_len = count(max_len, "max_len", minimum=2)
+    names = [f"text{i}" for i in range(len(texts))] if ids is None else [str(i) for i in ids]
+    if len(names) != len(texts) or len(set(names)) != len(names):
+        raise DataError("ids must give one unique id per text.")
+    bos = bos_token_id(tokenizer)
+    rows = [[bos, *body] for body in _token_ids(tokenizer, list(texts))]
+    if max_len is not None:
+        rows = [row[:max_len] for row in rows]
+    width = max(len(row) for row in rows)
+    pad = next((int(v) for v in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None))
+                if v is not None), 0)
+    tokens = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        span = slice(width - len(row), width) if padding == "left" else slice(0, len(row))
+        tokens[i, span] = torch.tensor(row, dtype=torch.long)
+        mask[i, span] = True
+    return Examples(tokens=tokens, texts=list(texts), ids=names,
+                    settings={"source": "texts", "seq_len": width, "padding": padding, "max_len": max_len},
+                    tokenizer=tokenizer_fingerprint(tokenizer), vocab_size=len(tokenizer), attention_mask=mask)
+
+
+def refuse_padding(examples: Examples, what: str) -> None:
+    """Raise when ``examples`` carry padding and ``what`` does not honour an attention mask."""
+    if examples.padded:
+        raise DataError(f"{what} does not take padded examples yet: its statistics would include pad positions. "
+                        "Use examples of one length (interp.load_examples, or examples_from_texts with prompts cut "
+                        "to a common length), or interp.nll / interp.quant.store.score, which honour the mask.")

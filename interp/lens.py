@@ -55,7 +55,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp import hooks as hk
-from interp.data import Examples
+from interp.data import Examples, refuse_padding
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, InterpError, NonFiniteError
 from interp.probes import batches, check_context, show_progress
@@ -258,6 +258,7 @@ def early_exit(
         raise ComponentError(f"Early exit reads 'resid_mid' or 'resid_post'; got {at!r}.")
     layers = hk.check_layers(model, layers)
     check_context(model, examples.tokens)
+    refuse_padding(examples, "Early exit")
     readout = Readout(model, max_logits)
     nll = torch.empty(len(layers), len(examples), dtype=torch.float64)
     last = max(layers)

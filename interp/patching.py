@@ -85,7 +85,7 @@ from tqdm.auto import tqdm
 
 from interp import hooks as hk
 from interp import validate
-from interp.data import Examples
+from interp.data import Examples, refuse_padding
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, DataError, InterpError, NonFiniteError
 from interp.lens import Readout
@@ -612,6 +612,8 @@ def _check_pair(target: Any, source: Any, examples: Examples, source_examples: E
                         f"{tuple(source_examples.tokens.shape)} and {tuple(examples.tokens.shape)}.")
     check_examples(target, examples)
     check_examples(source, source_examples)
+    refuse_padding(examples, "Activation patching")
+    refuse_padding(source_examples, "Activation patching")
 
 
 def _source_keys(patches: Sequence[Patch]) -> list[Key]:

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 
 from interp import hooks as hk
 from interp import validate
-from interp.data import Examples
+from interp.data import Examples, refuse_padding
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, DataError, InterpError, NonFiniteError, ResourceError
 
@@ -415,6 +415,7 @@ def probe(
     pairs = _pairs(model, components, reducers, layer_list)
     n, seq_len = examples.tokens.shape
     check_examples(model, examples)
+    refuse_padding(examples, "probe")
     full_bytes = sum(_full_bytes(model, c, n, seq_len, len(layer_list)) for c, r in pairs if r == "full")
     if full_bytes:
         check_memory(full_bytes, "Keeping full activations", memory_fraction)

@@ -100,6 +100,7 @@ class Stage:
     title: str
     intro: str
     run: Callable[["ReportContext"], StageOutput]
+    reuse: bool = True  # False: recomputed every run (cheap stages that read files outside the settings)
 
 
 class ReportContext:
@@ -363,7 +364,7 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
     for stage in bar:
         bar.set_postfix_str(stage.name)
         stage_dir = folder / "stages" / stage.name
-        cached = load_stage(stage_dir, key)
+        cached = load_stage(stage_dir, key) if stage.reuse else None
         if cached is not None:
             outputs[stage.name] = cached
             continue

@@ -47,14 +47,45 @@ def token_kl(ref_logits: torch.Tensor, logits: torch.Tensor, chunk: int = 32) ->
     return torch.cat(out, dim=1)
 
 
-def model_logits(model: Any, tokens: torch.Tensor, runner: Any = None) -> torch.Tensor:
+def mask_kwargs(mask: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Forward keywords for padded rows: an additive ``[B, 1, T, T]`` attention mask and position ids
+    that count real tokens only, so a padded row sees exactly the positions and keys it has alone.
+
+    The mask is causal over real keys; a pad query also sees itself, so no softmax row is empty
+    (an all-masked row gives NaN, which ``0 * NaN`` would carry into the real rows' outputs).
+    """
+    if mask is None:
+        return {}
+    m = mask.bool()
+    length = m.shape[1]
+    allowed = torch.ones(length, length, dtype=torch.bool, device=m.device).tril()[None] & m[:, None, :]
+    allowed |= torch.eye(length, dtype=torch.bool, device=m.device)[None]
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=m.device).masked_fill(~allowed, torch.finfo(dtype).min)
+    return {"attention_mask": additive[:, None], "position_ids": (m.long().cumsum(-1) - 1).clamp(min=0)}
+
+
+def target_mask(mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T] -> [B, T-1]``: targets that are real tokens predicted from a real token."""
+    return mask[:, 1:] & mask[:, :-1]
+
+
+def row_mean(values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean per row of ``[B, T-1]`` token values (float64), over the real targets only when ``mask`` is given."""
+    if mask is None:
+        return values.double().mean(dim=1)
+    valid = target_mask(mask.to(values.device))
+    return values.double().masked_fill(~valid, 0.0).sum(dim=1) / valid.sum(dim=1)
+
+
+def model_logits(model: Any, tokens: torch.Tensor, runner: Any = None, **kwargs: Any) -> torch.Tensor:
     """Logits of the underlying Hugging Face model.
 
     Bridge hooks fire as usual. With none registered, pass ``runner=fast_forward(model)`` to
     skip the bridge's wrappers (same logits, bit for bit, and about 10% less time).
     """
     device = next(model.original_model.parameters()).device
-    return (runner or model.original_model)(input_ids=tokens.to(device)).logits
+    kwargs = {k: v.to(device) for k, v in kwargs.items()}
+    return (runner or model.original_model)(input_ids=tokens.to(device), **kwargs).logits
 
 
 def fast_forward(model: Any) -> Any:
@@ -69,7 +100,9 @@ def nll(model: Any, examples: Examples, batch_size: int = 8, progress: bool | No
 
     Args:
         model: a bridge from :func:`interp.load_model` (or a quantized copy).
-        examples: fixed-length token rows.
+        examples: token rows; padded rows (``examples.attention_mask``, e.g. from
+            :func:`interp.data.examples_from_texts`) average over their real targets only, and
+            give the value the row has when run alone.
         batch_size: examples per forward.
         progress: show a progress bar.
 
@@ -89,8 +122,9 @@ def nll(model: Any, examples: Examples, batch_size: int = 8, progress: bool | No
     bar = tqdm(total=len(examples), desc="nll", unit="ex", disable=not show_progress(progress))
     with torch.no_grad():
         for start, end in batches(len(examples), batch_size):
-            tokens = examples.tokens[start:end]
-            out[start:end] = score(tokens.to(_device(model))).double().mean(dim=1).cpu()
+            tokens = examples.tokens[start:end].to(_device(model))
+            mask = None if examples.attention_mask is None else examples.attention_mask[start:end].to(tokens.device)
+            out[start:end] = row_mean(score(tokens, mask), mask).cpu()
             bar.update(end - start)
     bar.close()
     if not torch.isfinite(out).all():
@@ -100,7 +134,7 @@ def nll(model: Any, examples: Examples, batch_size: int = 8, progress: bool | No
 
 
 def token_nll_fn(model: Any) -> Any:
-    """``tokens -> [B, T-1]`` token NLL without a ``[B, T, vocab]`` logits tensor.
+    """``(tokens, mask=None) -> [B, T-1]`` token NLL without a ``[B, T, vocab]`` logits tensor.
 
     With no hook registered, the bridge-free decoder body (:func:`interp.hooks.native_model`)
     runs to its final normalised hidden state, and the unembedding is decoded one vocabulary
@@ -120,11 +154,12 @@ def token_nll_fn(model: Any) -> Any:
             readout = Readout(model)
         except ComponentError:
             pass
+    dtype = next(model.original_model.parameters()).dtype
     if readout is None or body is None:
-        return lambda tokens: token_nll(model_logits(model, tokens), tokens)
+        return lambda tokens, mask=None: token_nll(model_logits(model, tokens, **mask_kwargs(mask, dtype)), tokens)
 
-    def score(tokens: torch.Tensor) -> torch.Tensor:
-        hidden = body(input_ids=tokens).last_hidden_state
+    def score(tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = body(input_ids=tokens, **mask_kwargs(mask, dtype)).last_hidden_state
         return readout.token_nll(hidden, tokens, normed=True)
 
     return score

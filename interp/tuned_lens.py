@@ -39,7 +39,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from interp import hooks as hk
-from interp.data import Examples
+from interp.data import Examples, refuse_padding
 from interp.errors import InterpError
 from interp.lens import EarlyExitResult, Readout
 from interp.probes import batches, check_context, show_progress
@@ -115,6 +115,7 @@ def fit_tuned_lens(model: Any, examples: Examples, batch_size: int = 8, ridge: f
     """
     layers = hk.check_layers(model, None)
     check_context(model, examples.tokens)
+    refuse_padding(examples, "The tuned lens")
     d = int(model.cfg.d_model)
     gram = torch.zeros(len(layers), d + 1, d + 1, dtype=torch.float64)
     cross = torch.zeros(len(layers), d + 1, d, dtype=torch.float64)
@@ -178,6 +179,7 @@ def tuned_early_exit(model: Any, lens: TunedLens, examples: Examples, batch_size
                      progress: bool | None = None) -> EarlyExitResult:
     """Per-layer, per-example NLL decoding ``A_l r_l + b_l`` with ``model``'s head (``at="resid_post"``)."""
     check_context(model, examples.tokens)
+    refuse_padding(examples, "The tuned lens")
     layers = lens.layers
     if max(layers) >= hk.n_layers(model):
         raise InterpError(f"This tuned lens has {len(layers)} layers; the model has {hk.n_layers(model)}.")

@@ -27,7 +27,7 @@ import torch
 
 from interp import hooks as hk
 from interp import validate
-from interp.data import Examples
+from interp.data import Examples, refuse_padding
 from interp.display import ResultDisplay
 from interp.probes import probe
 
@@ -162,6 +162,7 @@ def analyze(
     from interp.attention.saobp import saobp_hook
 
     layer_list = validate.layer_indices(layers, hk.n_layers(model))
+    refuse_padding(examples, "attention.analyze")
     kwargs: dict[str, Any] = dict(batch_size=batch_size, layers=layer_list, progress=progress)
     reference = probe(model, examples, ["pattern"], list(METRICS), with_nll=with_nll and saobp_beta is not None,
                       **kwargs)

@@ -59,7 +59,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from interp import hooks
-from interp.data import Examples
+from interp.data import Examples, refuse_padding
 from interp.errors import ComponentError, InterpError, SpecError
 from interp.io import ensure_writable_dir, write_json
 from interp.probes import batches, check_examples, show_progress
@@ -296,6 +296,9 @@ def quantize(
         )
     if not spec.needs_calibration:
         calibration = None
+    if calibration is not None:
+        check_examples(model, calibration)  # rows within the context and vocabulary, same tokenizer
+        refuse_padding(calibration, "Calibration for quantization")
     reference_hash = model_hash(model)
     qmodel = copy.deepcopy(model)
     qmodel.eval()
@@ -320,8 +323,6 @@ def quantize(
     _label(qmodel, model, info)
     return qmodel
 
-    if calibration is not None:
-        check_examples(model, calibration)  # rows within the context and vocabulary, same tokenizer
 
 def _quantize_block(qmodel: Any, layer: int, spec: MethodSpec, feeder: _LayerFeeder | None, info: QuantInfo) -> float:
     """Quantize block ``layer`` in place, sub-layer group by group; returns calibration seconds."""

@@ -52,7 +52,16 @@ from interp.errors import InterpError, NonFiniteError, SpecError
 from interp.probes import batches, check_examples, show_progress
 from interp.quant.apply import model_hash, quantize_cached
 from interp.quant.spec import MethodSpec, parse_spec
-from interp.scoring import fast_forward, model_logits, token_kl, token_nll, token_nll_fn
+from interp.scoring import (
+    fast_forward,
+    mask_kwargs,
+    model_logits,
+    row_mean,
+    target_mask,
+    token_kl,
+    token_nll,
+    token_nll_fn,
+)
 
 REFERENCE = "reference"
 STORE_FILE = "scores.sqlite"
@@ -83,13 +92,21 @@ COLUMNS = {
 LEASE_SECONDS = 900.0  # a writer that died mid-batch holds it this long at most
 
 
-def row_hash(tokens: torch.Tensor) -> str:
-    """Content hash of one token row (sha256 of its int64 bytes, 16 hex digits)."""
-    return hashlib.sha256(tokens.to(torch.int64).cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+def row_hash(tokens: torch.Tensor, mask: torch.Tensor | None = None) -> str:
+    """Content hash of one token row (sha256 of its int64 bytes, 16 hex digits).
+
+    A padded row also hashes its attention mask, so the same ids padded differently are
+    different rows; an unpadded row hashes as before.
+    """
+    data = tokens.to(torch.int64).cpu().contiguous().numpy().tobytes()
+    if mask is not None and not bool(mask.all()):
+        data += b"mask" + mask.to(torch.bool).cpu().contiguous().numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 def row_hashes(examples: Examples) -> list[str]:
-    return [row_hash(row) for row in examples.tokens]
+    masks = examples.attention_mask
+    return [row_hash(row, None if masks is None else masks[i]) for i, row in enumerate(examples.tokens)]
 
 
 def _alive(pid: int) -> bool:
@@ -401,29 +418,37 @@ def _batch_key(model: str, spec: str, ids: Sequence[str], rows: Sequence[str]) -
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def _scorer(model: Any, reference: Any | None) -> Callable[
-        [torch.Tensor], tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
-    """``tokens -> (mean NLL per row, mean KL(p_ref || p_model) per row or None, token NLL [B, T-1])``.
+def _scorer(model: Any, reference: Any | None) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    """``(tokens, mask=None) -> (mean NLL per row, mean KL(p_ref || p_model) per row or None, token NLL [B, T-1])``.
 
     Without KL the NLL comes from the chunked, bridge-free scorer; with KL both models'
     full logits are needed, from their bridge-free forwards when no hook is registered.
-    The per-token NLL is kept (float32) for the split-half reliability of the errors.
+    The per-token NLL is kept (float32; NaN at padded targets) for the split-half
+    reliability of the errors. Padded rows average over their real targets only.
     """
+    def finish(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        kept = values.float().cpu()
+        return kept if mask is None else kept.masked_fill(~target_mask(mask.cpu()), float("nan"))
+
     if reference is None:
         per_token = token_nll_fn(model)
 
-        def score_nll(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-            values = per_token(tokens)
-            return values.double().mean(dim=1).cpu(), None, values.float().cpu()
+        def score_nll(tokens: torch.Tensor, mask: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+            values = per_token(tokens, mask)
+            return row_mean(values, mask).cpu(), None, finish(values, mask)
 
         return score_nll
     run, run_ref = fast_forward(model), fast_forward(reference)
 
-    def score_with_kl(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        logits = model_logits(model, tokens, run)
+    def score_with_kl(tokens: torch.Tensor, mask: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        dtype = next(model.original_model.parameters()).dtype
+        logits = model_logits(model, tokens, run, **mask_kwargs(mask, dtype))
         values = token_nll(logits, tokens.to(logits.device))
-        kl = token_kl(model_logits(reference, tokens, run_ref), logits).double().mean(dim=1).cpu()
-        return values.double().mean(dim=1).cpu(), kl, values.float().cpu()
+        kl = row_mean(token_kl(model_logits(reference, tokens, run_ref, **mask_kwargs(mask, dtype)), logits),
+                      mask).cpu()
+        return row_mean(values, mask).cpu(), kl, finish(values, mask)
 
     return score_with_kl
 
@@ -470,7 +495,8 @@ def _score_batch(store: ScoreStore, key: str, spec: str, score_batch: Any, examp
     try:
         tick = time.perf_counter()
         with torch.no_grad():
-            nll, kl, per_token = score_batch(examples.tokens[start:end].to(device))
+            mask = None if examples.attention_mask is None else examples.attention_mask[start:end].to(device)
+            nll, kl, per_token = score_batch(examples.tokens[start:end].to(device), mask)
         if not torch.isfinite(nll).all() or (kl is not None and not torch.isfinite(kl).all()):
             raise NonFiniteError(f"{spec} gave NaN/inf NLL or KL on examples {examples.ids[start:end][:3]}: "
                                  "check the quantized weights.")

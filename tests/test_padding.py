@@ -1,0 +1,123 @@
+"""Prompts of different lengths, padded left or right, give every row the value it has alone.
+
+Run in float64 on a tiny llama: "the same" means equal to about 1e-10 (float64 rounding of a
+2-layer forward over <= 40 positions is ~1e-15 per op; 1e-10 leaves five orders of margin for
+the different matmul shapes of a padded batch).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import interp
+from interp.data import Examples, examples_from_texts
+from interp.errors import DataError, InterpError
+
+TEXTS = ["Paris is the capital of France.", "Hi there", "A somewhat longer prompt, with punctuation; and more.",
+         "Quantization error varies by input."]
+EXACT = 1e-10  # float64 end to end, see the module docstring
+
+
+@pytest.fixture(scope="module")
+def model64():
+    model = interp.tiny_model("llama", seed=0)
+    model.original_model.to(torch.float64)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return interp.models.tiny_tokenizer()
+
+
+def _alone(ex: Examples, i: int) -> Examples:
+    keep = ex.attention_mask[i]
+    return Examples(tokens=ex.tokens[i][keep][None], texts=[ex.texts[i]], ids=[ex.ids[i]],
+                    tokenizer=ex.tokenizer, vocab_size=ex.vocab_size)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_nll_of_padded_rows_equals_each_row_alone(model64, tok, side) -> None:
+    ex = examples_from_texts(TEXTS, tok, padding=side)
+    assert ex.padded and ex.attention_mask.sum(dim=1).tolist() == [1 + len(t.encode()) for t in TEXTS]
+    batched = interp.nll(model64, ex, batch_size=3).double()
+    alone = torch.cat([interp.nll(model64, _alone(ex, i)).double() for i in range(len(TEXTS))])
+    assert float((batched - alone).abs().max()) < 1e-6  # nll returns float32: one rounding of values ~5.6
+    from interp.scoring import row_mean, token_nll_fn
+
+    score = token_nll_fn(model64)
+    with torch.no_grad():
+        exact = row_mean(score(ex.tokens, ex.attention_mask), ex.attention_mask)
+        exact_alone = torch.cat([row_mean(score(_alone(ex, i).tokens)) for i in range(len(TEXTS))])
+    assert float((exact - exact_alone).abs().max()) < EXACT
+
+
+def test_left_and_right_padding_agree(model64, tok) -> None:
+    from interp.scoring import row_mean, token_nll_fn
+
+    score = token_nll_fn(model64)
+    values = {}
+    for side in ("left", "right"):
+        ex = examples_from_texts(TEXTS, tok, padding=side)
+        with torch.no_grad():
+            values[side] = row_mean(score(ex.tokens, ex.attention_mask), ex.attention_mask)
+    assert float((values["left"] - values["right"]).abs().max()) < EXACT
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_score_honours_the_mask(model64, tok, side, tmp_path) -> None:
+    from interp.quant.store import ScoreStore, score
+
+    ex = examples_from_texts(TEXTS, tok, padding=side)
+    errors = score(model64, ["rtn:bits=4,group=32"], ex, store=tmp_path / "padded", progress=False, batch_size=4)
+    alone = []
+    for i in range(len(TEXTS)):
+        one = score(model64, ["rtn:bits=4,group=32"], _alone(ex, i), store=tmp_path / f"alone{i}", progress=False)
+        alone.append(float(one.iloc[0, 0]))
+    # errors are differences of two float64 means stored as SQLite REAL (float64): exact to ~1e-12
+    assert max(abs(a - b) for a, b in zip(errors.iloc[:, 0].tolist(), alone, strict=True)) < EXACT
+    with ScoreStore(tmp_path / "padded") as st:
+        tokens = st.token_nll("reference", ids=ex.ids)
+    valid = ex.attention_mask[:, 1:] & ex.attention_mask[:, :-1]
+    assert torch.equal(torch.tensor(tokens.notna().to_numpy()), valid)  # pad targets stored as NaN
+
+
+def test_padding_changes_the_stored_row(tok) -> None:
+    from interp.quant.store import row_hash
+
+    right = examples_from_texts(TEXTS[:2], tok, padding="right")
+    left = examples_from_texts(TEXTS[:2], tok, padding="left")
+    assert row_hash(right.tokens[1], right.attention_mask[1]) != row_hash(left.tokens[1], left.attention_mask[1])
+    assert row_hash(right.tokens[0], right.attention_mask[0]) == row_hash(right.tokens[0])  # longest row: no pad
+
+
+def test_entry_points_without_mask_support_refuse_padding(model64, tok) -> None:
+    from interp.attention import analyze
+    from interp.lens import early_exit
+    from interp.patching import joint_patches, patch
+
+    ex = examples_from_texts(TEXTS, tok)
+    for call in (lambda: interp.probe(model64, ex, ["resid_post"], ["norm"]),
+                 lambda: analyze(model64, ex),
+                 lambda: early_exit(model64, ex),
+                 lambda: patch(model64, model64, ex, joint_patches(["attn_out"], [0]))):
+        with pytest.raises(InterpError, match="padded examples"):
+            call()
+    same = examples_from_texts(["abcd", "efgh"], tok)
+    assert not same.padded  # equal lengths: no padding, every entry point accepts it
+    assert tuple(interp.probe(model64, same, ["resid_post"], ["norm"])["resid_post", "norm"].shape)[1] == 2
+
+
+def test_bad_text_input_is_refused(tok) -> None:
+    for texts in ([], "just one string", ["ok", ""], ["ok", None], ["ok", 3]):
+        with pytest.raises(DataError):
+            examples_from_texts(texts, tok)
+    with pytest.raises(DataError):
+        examples_from_texts(["ok"], tok, padding="middle")
+    with pytest.raises(DataError):
+        examples_from_texts(["ok"], tok, max_len=1)
+    with pytest.raises(DataError):
+        examples_from_texts(["a", "b"], tok, ids=["x", "x"])
+    cut = examples_from_texts(["a long text to cut"], tok, max_len=5)
+    assert cut.tokens.shape == (1, 5)
