@@ -76,17 +76,13 @@ def n_layers(model: Any) -> int:
 
 
 def check_layers(model: Any, layers: Iterable[int] | None) -> list[int]:
-    """Validated layer indices (all layers when ``None``); negative indices count from the end."""
-    total = n_layers(model)
-    if layers is None:
-        return list(range(total))
-    out = []
-    for layer in layers:
-        idx = int(layer)
-        if not -total <= idx < total:
-            raise ComponentError(f"Layer {layer} is out of range: this model has layers 0..{total - 1}.")
-        out.append(idx % total)
-    return out
+    """Validated layer indices (all layers when ``None``); negative indices count from the end.
+
+    Bools, floats, strings and an empty selection are refused (:func:`interp.validate.layer_indices`).
+    """
+    from interp.validate import layer_indices
+
+    return layer_indices(layers, n_layers(model))
 
 
 def _architecture(model: Any) -> str:

@@ -159,3 +159,16 @@ def test_gemma_exit_and_suffix_runner(gemma):
     cache, final = patching._capture(gemma, rows.tokens, [("resid_pre", 0)])
     with torch.no_grad():
         assert torch.allclose(runner.run(cache[("resid_pre", 0)], 0), final, atol=1e-4)
+
+
+@pytest.mark.parametrize("bad", [[0.5], [], True, [5], "0,1"])
+def test_early_exit_refuses_bad_layer_selections(tiny_llama, bad):
+    import torch
+
+    from interp.data import Examples
+    from interp.errors import ComponentError
+    from interp.lens import early_exit
+
+    ex = Examples.from_tokens(torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0)))
+    with pytest.raises(ComponentError):
+        early_exit(tiny_llama, ex, layers=bad)
