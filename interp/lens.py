@@ -419,7 +419,8 @@ def restore_layers(quantized: Any, reference: Any, layers: Sequence[int], roles:
     """
     if hk.n_layers(quantized) != hk.n_layers(reference):
         raise ComponentError("restore_layers needs two models with the same number of layers.")
-    layers = hk.check_layers(quantized, layers)
+    layers = list(layers)
+    layers = hk.check_layers(quantized, layers) if layers else []  # restoring no block is the quantized model
     restored = copy.deepcopy(quantized)
     with torch.no_grad():
         for layer in layers:

@@ -141,7 +141,7 @@ def test_bad_probe_requests(name, kwargs, fragment, tiny_llama):
 
 @pytest.mark.parametrize("component", ["gate", "up", "gate_pre", "gate_input"])
 def test_gated_components_on_gpt2(component, tiny_gpt2):
-    with pytest.raises(ComponentError, match="GPT2LMHeadModel has a plain MLP"):
+    with pytest.raises(ComponentError, match="needs a gated MLP, but it has a plain MLP: GPT2LMHeadModel"):
         interp.probe(tiny_gpt2, _ex(), [component], ["norm"], progress=False)
 
 
