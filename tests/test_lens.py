@@ -23,6 +23,8 @@ def test_last_layer_exit_is_the_models_nll(pair, rows):
     reference, _ = pair
     res = lens.early_exit(reference, rows, at="resid_post", batch_size=2)
     assert tuple(res.nll.shape) == (4, 5) and res.layers == [0, 1, 2, 3]
+    # same residual, norm and head as nll(); only the float32 log-sum-exp order differs (online slices vs
+    # fused cross-entropy): a few ulp of logits ~10 over 259 terms, ~1e-6 nats; 1e-4 is a generous bound
     assert (res.nll[-1] - interp.nll(reference, rows)).abs().max() < 1e-4
 
 
@@ -36,6 +38,7 @@ def test_resid_mid_exit_decodes_with_final_norm_and_unembed(pair, rows):
         logits = hk.final_norm(reference)(seen["r"]) @ hk.unembed_weight(reference).T
     expected = token_nll(logits, rows.tokens).mean(dim=1)
     assert res.layers == [1, 3]
+    # float32: the online log-sum-exp against one fused log-softmax, values ~5.6 nats: ~1e-6 apart
     assert torch.allclose(res.nll[1], expected, atol=1e-5)
 
 
@@ -43,6 +46,7 @@ def test_readout_chunks_do_not_change_values(pair, rows):
     reference, _ = pair
     small = lens.early_exit(reference, rows, max_logits=300)  # one row of logits at a time
     large = lens.early_exit(reference, rows)
+    # the same float32 sums regrouped by slice: reordering error of ~10 terms of ~1e-7 relative each
     assert torch.allclose(small.nll, large.nll, atol=1e-6)
 
 
@@ -124,6 +128,8 @@ def test_restoration_sweep_equals_restored_copies(pair, rows):
     assert res.restored == [[], [3], [1, 2, 3], [0, 1, 2, 3]]
     for i, layers in enumerate(res.restored):
         expected = interp.nll(lens.restore_layers(quantized, reference, layers), rows).double()
+        # the sweep reuses the unrestored prefix's activations (float32, same ops, different batching):
+        # the two NLLs differ by reordering only, ~1e-6 nats for a 4-layer tiny model
         assert torch.allclose(res.nll[i], expected, atol=1e-5)
     assert torch.allclose(res.nll[0], interp.nll(quantized, rows).double(), atol=1e-5)
     assert torch.allclose(res.nll[-1], res.reference_nll, atol=1e-5)
@@ -143,6 +149,7 @@ def test_restoration_sweep_equals_restored_copies(pair, rows):
 def test_smol_last_layer_exit_is_the_models_nll(smol):
     rows = interp.load_examples("wiki", smol.tokenizer, n=3, seq_len=32, seed=0)
     res = lens.early_exit(smol, rows, at="resid_post", layers=[0, 29])
+    # float32 over 30 layers and a 49k vocabulary: the two heads' summation orders differ by ~1e-5 nats
     assert (res.nll[-1] - interp.nll(smol, rows)).abs().max() < 1e-4
     assert res.nll[0].mean() > res.nll[-1].mean() + 1.0  # layer 0 decodes far worse
 
@@ -154,10 +161,12 @@ def test_gemma_exit_and_suffix_runner(gemma):
 
     rows = interp.load_examples("wiki", gemma.tokenizer, n=2, seq_len=24, seed=0)
     res = lens.early_exit(gemma, rows, at="resid_post", layers=[-1])
+    # as for SmolLM2: the same head, float32 summation order over 262k logits
     assert (res.nll[-1] - interp.nll(gemma, rows)).abs().max() < 1e-4
     runner = patching.DecoderRunner.for_model(gemma)
     cache, final = patching._capture(gemma, rows.tokens, [("resid_pre", 0)])
     with torch.no_grad():
+        # the runner replays the same float32 blocks on the cached input: equal up to kernel ordering
         assert torch.allclose(runner.run(cache[("resid_pre", 0)], 0), final, atol=1e-4)
 
 
