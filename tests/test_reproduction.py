@@ -341,3 +341,17 @@ def test_rtn4_group32_reproduces_the_bundled_reference(smol) -> None:
     # from the same values in float64, so codes match and the weights agree to float32 rounding of
     # d * q + m (|q| <= 15): a relative error of a few 2^-24 of the row's largest weight
     assert worst < 1e-6
+
+
+def test_side_by_side_says_where_each_claim_holds() -> None:
+    def table(verdicts: list[str]) -> pd.DataFrame:
+        keys = ["agreement", "kurtosis", "restoration", "saobp_inference"]
+        return pd.DataFrame({"paper": "p", "claim": [rp.CLAIMS[k].claim for k in keys], "paper value": "v",
+                             "measured here": "m", "verdict": verdicts})
+
+    both = rp.side_by_side({"A": table([rp.HOLDS, rp.HOLDS, rp.FAILS, rp.BY_CONSTRUCTION]),
+                            "B": table([rp.HOLDS, rp.FAILS, rp.NOT_TESTABLE, rp.BY_CONSTRUCTION])})
+    assert both["across models"].tolist() == ["holds on both", "holds on A", "holds on neither", rp.BY_CONSTRUCTION]
+    text = rp.markdown_table(both[["claim", "across models"]])
+    assert text.count("\n") == len(both) + 2 and text.startswith("| claim | across models |")
+    assert rp.markdown_table(pd.DataFrame({"a": ["x|y"]})).splitlines()[2] == "| x\\|y |"
