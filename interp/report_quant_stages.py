@@ -192,11 +192,20 @@ def stage_agreement(ctx: ReportContext) -> StageOutput:
         out.tables["reliability"] = ceiling.reliability
         out.tables["disattenuated_pairs"] = ceiling.pairs
         out.figures["reliability"] = _reliability_figure(ceiling)
+        by_group = {name: ceiling if name == "paper pairs (3- and 4-bit)" else
+                    pr.noise_ceiling({s: token_errors[s] for s in sorted({x for p in pairs for x in p})}, pairs,
+                                     n_boot=N_BOOT, seed=seed)
+                    for name, pairs in groups.items() if pairs}
+        table["disattenuated Pearson"] = [by_group[n].mean_disattenuated.value for n in table["pairs"]]
+        table["disattenuated low"] = [by_group[n].mean_disattenuated.low for n in table["pairs"]]
+        table["disattenuated high"] = [by_group[n].mean_disattenuated.high for n in table["pairs"]]
         rel = ceiling.reliability["reliability"]
+        beside = "; ".join(f"{name}: {c.mean_disattenuated.text()}" for name, c in by_group.items()
+                           if name != "paper pairs (3- and 4-bit)")
         claims["agreement_disattenuated"] = Measurement(
             {"pearson": ceiling.mean_disattenuated},
-            f"{ceiling.mean_disattenuated.text()} (observed {ceiling.mean_observed.text()}; split-half reliability "
-            f"{rel.min():.2f}-{rel.max():.2f} over methods)")
+            f"{ceiling.mean_disattenuated.text()} (observed {ceiling.mean_observed.text()}; {beside}; split-half "
+            f"reliability {rel.min():.2f}-{rel.max():.2f} over methods)")
         out.numbers["reliability"] = ceiling.reliability.to_dict(orient="records")
         out.notes.append(
             "Noise ceiling: each method's per-example error is split into odd and even target tokens; the "
