@@ -40,11 +40,15 @@ def _refuse(*args, **kwargs):
 
 def intercept_work(monkeypatch) -> None:
     """Replace every entry point that loads a model or starts heavy work by :func:`_refuse`."""
+    import interp
     import interp.attention.train
     import interp.models
     import interp.quant.analysis
 
     monkeypatch.setattr(interp.models, "load_model", _refuse)
+    # the package resolves interp.load_model lazily, but a tool that materialised the lazy names
+    # (the API-reference build in tests/test_api_reference.py) leaves a bound copy on it
+    monkeypatch.setattr(interp, "load_model", _refuse, raising=False)
     monkeypatch.setattr(interp.models, "tiny_model", _refuse)
     monkeypatch.setattr(interp.attention.train, "run", _refuse)
     monkeypatch.setattr(interp.quant.analysis, "run_all", _refuse)

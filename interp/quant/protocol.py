@@ -10,7 +10,7 @@ bootstrap interval over examples:
 - :func:`pair_agreement`: mean Pearson and mean top-10% Jaccard over a set of pairs.
 - :func:`mean_method_correlation`: Pearson(norm, error of method m) per method, averaged
   over a group of methods (the paper averages over its 3-bit methods).
-- :func:`split_half_reliability` and :func:`disattenuated_agreement`: the noise ceiling.
+- :func:`split_halves`, :func:`spearman_brown` and :func:`noise_ceiling`: the noise ceiling.
   A per-example error is a mean over T-1 target tokens, so it carries measurement noise.
   Splitting the targets into odd and even positions gives two half-length measurements of
   the same example; their correlation across examples, stepped up to full length with the
