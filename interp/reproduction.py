@@ -465,15 +465,14 @@ def side_by_side(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
         verdicts = [row[f"{n}: verdict"] for n in names]
         if all(v == BY_CONSTRUCTION for v in verdicts):
             return BY_CONSTRUCTION
-        holding = [n for n, v in zip(names, verdicts, strict=True) if v == HOLDS]
-        partly = [n for n, v in zip(names, verdicts, strict=True) if v == PARTLY]
-        if len(holding) == len(names):
-            return "holds on both" if len(names) == 2 else "holds on all"
-        if holding or partly:
-            return "holds on " + ", ".join(holding) if holding else "partly on " + ", ".join(partly)
-        if all(v == NOT_TESTABLE for v in verdicts):
-            return "testable on neither" if len(names) == 2 else "testable on none"
-        return "holds on neither" if len(names) == 2 else "holds on none"
+        phrases = []
+        for verdict, label in ((HOLDS, "holds"), (PARTLY, "partly"), (FAILS, "does not hold"),
+                               (NOT_TESTABLE, "not testable"), (BY_CONSTRUCTION, "by construction")):
+            which = [n for n, v in zip(names, verdicts, strict=True) if v == verdict]
+            if which:
+                who = ("both" if len(names) == 2 else "all") if len(which) == len(names) else ", ".join(which)
+                phrases.append(f"{label} on {who}")
+        return "; ".join(phrases)
 
     out["across models"] = out.apply(across, axis=1)
     return out
