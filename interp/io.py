@@ -17,9 +17,9 @@ def ensure_writable_dir(folder: str | Path) -> Path:
     path = Path(folder)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe_file = path / ".interp-write-test"
-        probe_file.write_text("ok")
-        probe_file.unlink()
+        # a probe file of this process's own: two processes checking one folder must not unlink each other's
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".interp-write-test-", delete=True) as probe_file:
+            probe_file.write(b"ok")
     except OSError as exc:
         raise ResourceError(
             f"Cannot write to the output folder {path} ({exc.strerror}). Choose a writable folder with --out."
