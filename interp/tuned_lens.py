@@ -90,18 +90,17 @@ class TunedLens:
 
 
 def _capture(model: Any, tokens: torch.Tensor, layers: Sequence[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Block outputs of ``layers`` and the final normalised hidden state, for one batch."""
-    saved: dict[int, torch.Tensor] = {}
+    """Block outputs of ``layers`` and the final normalised hidden state (the head's input), for one batch.
 
-    def keep(layer: int) -> Any:
-        def hook(x: torch.Tensor, hook: Any) -> None:
-            saved[layer] = x.detach()
-        return hook
+    One forward through the patching engine's capture (any family's decoder body), then the
+    model's own final norm on its last residual.
+    """
+    from interp.patching import _capture as capture_residuals
 
-    fwd = [(hk.hook_point(model, "resid_post", layer), keep(layer)) for layer in layers]
-    with torch.no_grad(), model.hooks(fwd_hooks=fwd):
-        out = model.original_model.model(input_ids=tokens)
-    return [saved[layer] for layer in layers], out.last_hidden_state.detach()
+    with torch.no_grad():
+        saved, final = capture_residuals(model, tokens, [("resid_post", layer) for layer in layers])
+        normed = hk.final_norm(model)(final)
+    return [saved[("resid_post", layer)] for layer in layers], normed.detach()
 
 
 def fit_tuned_lens(model: Any, examples: Examples, batch_size: int = 8, ridge: float = RIDGE,
