@@ -18,7 +18,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 REPORT_OUT ?= reports/smollm2-wiki
 
-.PHONY: install install-gemma chromium demo test test-fast lint bench docs clean
+.PHONY: install install-gemma chromium demo test test-fast lint bench docs notebooks clean
 
 install: $(STAMP)
 
@@ -43,6 +43,7 @@ demo: install chromium
 	$(BIN)/interp report --model smollm2-135m --data wiki --out $(REPORT_OUT)
 
 test: install install-gemma chromium
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q --timeout=1500 --durations=15 --doctest-modules tests interp
 
 test-fast: install
@@ -52,12 +53,25 @@ lint: install
 	$(BIN)/ruff check interp tests benchmarks
 	$(BIN)/mypy interp
 
+# Every benchmarks/bench_*.py: <name>.md and <name>.json (schema in docs/benchmarks.md) in benchmarks/results/.
+# BENCH_ARGS="--quick --threads 1": the short settings docs/data/benchmarks/ was made with.
 bench: install
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python benchmarks/run_all.py $(BENCH_ARGS)
+
+# A fresh quick run against docs/data/benchmarks/, compared by ratio: exit 1 if any got >15% worse.
+# BENCH_CHECK_ARGS="--fresh benchmarks/results" compares a finished run instead; "--warn-only" never fails.
+.PHONY: bench-check
+bench-check: install
+	$(BIN)/python benchmarks/check_regression.py $(BENCH_CHECK_ARGS)
 
 # API reference (pdoc) into site/; fails on a cross-reference that does not resolve.
 docs: install
 	$(BIN)/python docs/build_api.py --out site
+
+# Re-execute notebooks/*.ipynb in place on their quick settings, outputs and PNG figures stored
+# (notebooks/execute.py; NOTEBOOKS="02 05" refreshes those only). tests/test_notebooks.py checks them.
+notebooks: install chromium
+	$(BIN)/python notebooks/execute.py $(NOTEBOOKS)
 
 clean:
 	rm -rf $(VENV) reports .pytest_cache .mypy_cache .ruff_cache

@@ -12,7 +12,16 @@ Also: the machine's fp32 matmul peak (one large ``torch.mm``), the scoring run's
 FLOP/s as a fraction of it, and peak RSS of probing N=64 against N=1024 examples (each in a
 fresh subprocess).
 
-Run: ``python benchmarks/bench_probe_scoring.py [--repeats 5] [--threads 2]``
+Run: ``python benchmarks/bench_probe_scoring.py [--repeats 5] [--threads 2] [--quick] [--json PATH]``
+
+``--quick``: batch 4 x 64 tokens, median of 3, process CPU time (``--clock cpu``: a descheduled
+thread on a loaded machine does not count), the measurements timed round-robin (``--interleave``:
+load that changes during the run falls on all of them alike), no memory check (explicit options
+still win).
+
+Every ratio printed is also written as a comparison (with its direction, ``ratio_is``) to
+``--json`` (default ``benchmarks/results/probe_scoring.json``; schema in docs/benchmarks.md),
+and the matmul peak, FLOP/s share and memory growth under ``metrics``.
 """
 
 from __future__ import annotations
@@ -24,12 +33,15 @@ import subprocess
 import sys
 import time
 
+import benchjson
 import torch
 
 import interp
-from interp import hooks as hk
 from interp.probes import REDUCERS, probe
+from interp.runtime import hooks as hk
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]  # set by main() from --clock
 COMPONENTS = ["resid_mid", "resid_post", "h", "gate", "pattern"]
 REDUCERS_USED = ["norm", "mean", "kurtosis", "entropy", "gtd"]
 
@@ -38,9 +50,9 @@ def timed(fn, repeats: int) -> float:
     fn()  # warm-up
     samples = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        samples.append(time.perf_counter() - start)
+        samples.append(clock() - start)
     return statistics.median(samples)
 
 
@@ -120,14 +132,26 @@ def matmul_peak(size: int = 2048, repeats: int = 5) -> float:
     return 2 * size**3 / seconds
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901 - one straight script: measure, print, record
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=None, help="default 5 (3 with --quick)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=None, help="examples per batch (default 8; 4 with --quick)")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per example (default 128; 64 with --quick)")
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default=None,
+                        help="wall time (default) or process CPU time (default with --quick)")
     parser.add_argument("--memory-seq-len", type=int, default=32)
     parser.add_argument("--memory-child", type=int, default=None)
     parser.add_argument("--memory-only", action="store_true", help="run only the N=64 vs N=1024 memory check")
+    benchjson.add_interleave_option(parser)
+    benchjson.add_options(parser, "probe_scoring")
     args = parser.parse_args()
+    for name, full, quick in (("repeats", 5, 3), ("batch", 8, 4), ("seq_len", 128, 64), ("clock", "wall", "cpu"),
+                              ("interleave", False, True)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    global clock
+    clock = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
     if args.memory_child:
         memory_child(args.memory_child, args.memory_seq_len)
@@ -137,30 +161,33 @@ def main() -> None:
         return
 
     model = interp.load_model("smollm2-135m")
-    ex = interp.load_examples("wiki", model.tokenizer, n=8, seq_len=128, seed=0)
+    ex = interp.load_examples("wiki", model.tokenizer, n=args.batch, seq_len=args.seq_len, seed=0)
     tokens = ex.tokens
     sdpa, eager = plain_hf("sdpa"), plain_hf("eager")
-    rows = {}
-    with torch.no_grad():
-        rows["plain HF forward (sdpa)"] = timed(lambda: sdpa(input_ids=tokens), args.repeats)
-        rows["plain HF forward (eager)"] = timed(lambda: eager(input_ids=tokens), args.repeats)
+    no_grad = torch.no_grad()
 
-        def hf_nll():
-            logits = sdpa(input_ids=tokens).logits
-            return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(),
-                                                     reduction="none").view(8, -1).mean(1)
+    def hf_nll():
+        logits = sdpa(input_ids=tokens).logits
+        return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(),
+                                                 reduction="none").view(args.batch, -1).mean(1)
 
-        rows["plain HF NLL (sdpa)"] = timed(hf_nll, args.repeats)
-        rows["plain HF body, no unembed (sdpa)"] = timed(lambda: sdpa.model(input_ids=tokens), args.repeats)
-    rows["interp.nll"] = timed(lambda: interp.nll(model, ex, batch_size=8), args.repeats)
-    rows["interp.nll as before (bridge forward, full logits, logsumexp)"] = timed(
-        lambda: nll_before(model, tokens), args.repeats)
-    rows["interp.probe (report statistics)"] = timed(
-        lambda: probe(model, ex, COMPONENTS, REDUCERS_USED, batch_size=8, progress=False), args.repeats)
-    rows["interp.probe on the bridge's hook points (native=False)"] = timed(
-        lambda: probe(model, ex, COMPONENTS, REDUCERS_USED, batch_size=8, progress=False, native=False),
-        args.repeats)
-    rows["run_with_cache + same reductions"] = timed(lambda: run_with_cache_and_reduce(model, tokens), args.repeats)
+    variants = {
+        "plain HF forward (sdpa)": no_grad(lambda: sdpa(input_ids=tokens)),
+        "plain HF forward (eager)": no_grad(lambda: eager(input_ids=tokens)),
+        "plain HF NLL (sdpa)": no_grad(hf_nll),
+        "plain HF body, no unembed (sdpa)": no_grad(lambda: sdpa.model(input_ids=tokens)),
+        "interp.nll": lambda: interp.nll(model, ex, batch_size=args.batch),
+        "interp.nll as before (bridge forward, full logits, logsumexp)": lambda: nll_before(model, tokens),
+        "interp.probe (report statistics)": lambda: probe(model, ex, COMPONENTS, REDUCERS_USED,
+                                                          batch_size=args.batch, progress=False),
+        "interp.probe on the bridge's hook points (native=False)": lambda: probe(
+            model, ex, COMPONENTS, REDUCERS_USED, batch_size=args.batch, progress=False, native=False),
+        "run_with_cache + same reductions": lambda: run_with_cache_and_reduce(model, tokens),
+    }
+    if args.interleave:  # one call of each per round, so load changing during the run falls on all alike
+        rows, _ = benchjson.round_robin(variants, args.repeats, clock)
+    else:  # one measurement after another, each with its own warm-up
+        rows = {name: timed(fn, args.repeats) for name, fn in variants.items()}
 
     base = rows["plain HF forward (sdpa)"]
     n_tokens = tokens.numel()
@@ -170,9 +197,11 @@ def main() -> None:
     attn_flops = 2 * 2 * cfg.num_hidden_layers * tokens.shape[0] * tokens.shape[1] ** 2 * cfg.hidden_size
     flops = 2 * n_tokens * (params + 0) + attn_flops  # params include the tied lm_head once
     peak = matmul_peak()
-    print(f"machine: torch {torch.__version__}, {torch.get_num_threads()} threads, matmul peak "
+    print(f"machine: torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{'cpu time, ' if args.clock == 'cpu' else ''}{'interleaved, ' if args.interleave else ''}matmul peak "
           f"{peak / 1e9:.1f} GFLOP/s (2048^3 fp32)")
-    print("\n| measurement (8 x 128 tokens) | median s | ratio to plain HF forward (sdpa) |\n|---|---|---|")
+    print(f"\n| measurement ({args.batch} x {args.seq_len} tokens) | median s | ratio to plain HF forward (sdpa) |"
+          "\n|---|---|---|")
     for name, seconds in rows.items():
         print(f"| {name} | {seconds:.3f} | {seconds / base:.2f} |")
     nll_ratio = rows["plain HF NLL (sdpa)"] / rows["interp.nll"]
@@ -190,10 +219,31 @@ def main() -> None:
     print(f"scoring: {flops / 1e9:.1f} GFLOP per batch, {achieved / 1e9:.1f} GFLOP/s achieved = "
           f"{achieved / peak:.0%} of the matmul peak")
 
-    memory_check(args)
+    metrics = {"tokens_per_batch": n_tokens, "matmul_peak_flops": peak, "scoring_flops_per_batch": flops,
+               "scoring_share_of_matmul_peak": achieved / peak,
+               "memory": None if args.quick else memory_check(args)}
+    benchjson.write(args.json, "probe_scoring", comparisons(rows, args), args, metrics)
 
 
-def memory_check(args: argparse.Namespace) -> None:
+def comparisons(rows: dict[str, float], args: argparse.Namespace) -> list[dict]:
+    """Every ratio printed above, as ``benchjson`` comparisons in the direction printed."""
+    base_name = "plain HF forward (sdpa)"
+    common = {"repeats": args.repeats, "threads": torch.get_num_threads(), "clock": args.clock}
+    out = [benchjson.comparison(f"{name} vs {base_name}", name, base_name, seconds, rows[base_name],
+                                ratio_is="candidate/baseline", **common)
+           for name, seconds in rows.items() if name != base_name]
+    for candidate, baseline, ratio_is in (
+        ("interp.nll", "plain HF NLL (sdpa)", "baseline/candidate"),
+        ("interp.probe (report statistics)", "run_with_cache + same reductions", "baseline/candidate"),
+        ("interp.probe (report statistics)", "plain HF body, no unembed (sdpa)", "candidate/baseline"),
+        ("interp.nll", "interp.nll as before (bridge forward, full logits, logsumexp)", "baseline/candidate"),
+    ):
+        out.append(benchjson.comparison(f"{candidate} vs {baseline}", candidate, baseline, rows[candidate],
+                                        rows[baseline], ratio_is=ratio_is, **common))
+    return out
+
+
+def memory_check(args: argparse.Namespace) -> dict:
     mem = []
     for n in (64, 1024):
         out = subprocess.run([sys.executable, __file__, "--memory-child", str(n), "--threads", str(args.threads),
@@ -205,6 +255,7 @@ def memory_check(args: argparse.Namespace) -> None:
     print(f"\npeak RSS while probing (high-water mark reset after loading) N=64: {mem[0]['rss_peak_mib']:.0f} MiB "
           f"(+{rise[0]:.0f} over the loaded model); N=1024: {mem[1]['rss_peak_mib']:.0f} MiB (+{rise[1]:.0f}); "
           f"T={args.memory_seq_len}; growth {growth:+.1%} (target < 10%)")
+    return {"seq_len": args.memory_seq_len, "runs": mem, "growth_1024_vs_64": growth}
 
 
 if __name__ == "__main__":

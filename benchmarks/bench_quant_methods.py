@@ -11,7 +11,13 @@ References:
 
 Run from the repository root::
 
-    python benchmarks/bench_quant_methods.py [--repeats 5] [--threads 1]
+    python benchmarks/bench_quant_methods.py [--repeats 5] [--threads 1] [--quick] [--json PATH]
+
+``--quick`` times the first shape only, by process CPU time (``--clock cpu``: a descheduled
+thread on a loaded machine does not count), all variants round-robin (``--interleave``: load
+that changes during the run falls on all of them alike); explicit options still win. Every row is also written
+as a comparison (``ratio_is`` candidate/baseline, as in the table) to ``--json`` (default
+``benchmarks/results/quant_methods.json``; schema in docs/benchmarks.md).
 
 One thread by default: on a shared 2-core machine, two torch threads contend with
 other processes and the timings scatter by 10x; one thread gives repeatable numbers.
@@ -37,12 +43,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import benchjson  # noqa: E402
+
 from interp.quant import quantize_weight  # noqa: E402
 from interp.quant.methods import relative_error, relative_output_error  # noqa: E402
 
 SHAPES = [(1536, 576), (576, 1536)]
 N_CALIBRATION = 128 * 128
 N_HELD_OUT = 2048
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]  # set by main() from --clock
 
 # (our spec, reference label or None, rtn spec to compare against when no reference)
 ROWS = [
@@ -75,9 +85,9 @@ def median_seconds(fn: Callable[[], torch.Tensor], repeats: int) -> tuple[float,
     result = fn()  # warm-up: imports, codebooks, allocator
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         result = fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times), result
 
 
@@ -113,26 +123,50 @@ def reference_fns(W: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
     }
 
 
-def bench_shape(shape: tuple[int, int], repeats: int) -> list[str]:
+def interleaved(W: torch.Tensor, calibration: torch.Tensor, repeats: int) -> tuple[dict, dict]:
+    """Every reference and spec of ``ROWS`` timed round-robin: ``(medians, results)``."""
+    variants = dict(reference_fns(W))
+    for spec, _, rtn_spec in ROWS:
+        variants[spec] = lambda s=spec: quantize_weight(W, s, calibration)
+        if rtn_spec is not None and rtn_spec not in variants:
+            variants[rtn_spec] = lambda s=rtn_spec: quantize_weight(W, s)
+    return benchjson.round_robin(variants, repeats, clock)
+
+
+def bench_shape(shape: tuple[int, int], repeats: int, comparisons: list[dict] | None = None,
+                interleave: bool = False) -> list[str]:
     d_out, d_in = shape
     W = torch.randn(d_out, d_in, generator=torch.Generator().manual_seed(0)) * 0.02
     calibration = activations(N_CALIBRATION, d_in, seed=1)
     held_out = activations(N_HELD_OUT, d_in, seed=2)
     timed: dict[str, float] = {}
-    for label, fn in reference_fns(W).items():
-        timed[label], _ = median_seconds(fn, repeats)
+    W_hats: dict[str, torch.Tensor] = {}
+    if interleave:
+        timed, W_hats = interleaved(W, calibration, repeats)
+    else:  # one after another: the references, then each spec and (once) the rtn it is compared with
+        for label, fn in reference_fns(W).items():
+            timed[label], _ = median_seconds(fn, repeats)
+        for spec, reference, rtn_spec in ROWS:
+            timed[spec], W_hats[spec] = median_seconds(lambda s=spec: quantize_weight(W, s, calibration), repeats)
+            against = reference or rtn_spec
+            if against is not None and against not in timed:
+                timed[against], _ = median_seconds(lambda s=against: quantize_weight(W, s), repeats)
     lines = []
     for spec, reference, rtn_spec in ROWS:
-        seconds, W_hat = median_seconds(lambda s=spec: quantize_weight(W, s, calibration), repeats)
-        timed[spec] = seconds
+        seconds, W_hat = timed[spec], W_hats[spec]
         against = reference or rtn_spec
         assert against is not None
-        if against not in timed:
-            timed[against], _ = median_seconds(lambda s=against: quantize_weight(W, s), repeats)
+        weight_error, output_error = relative_error(W, W_hat), relative_output_error(W, W_hat, held_out)
+        if comparisons is not None:
+            comparisons.append(benchjson.comparison(
+                f"{d_out}x{d_in} {spec} vs {against}", spec, against, seconds, timed[against], repeats=repeats,
+                ratio_is="candidate/baseline", clock="cpu" if clock is time.process_time else "wall",
+                threads=torch.get_num_threads(), shape=[d_out, d_in],
+                rel_weight_error=weight_error, rel_output_error=output_error))
         lines.append(
             f"| `{d_out}x{d_in}` | `{spec}` | {1000 * seconds:.1f} | {against} | "
             f"{1000 * timed[against]:.1f} | {seconds / timed[against]:.2f} | "
-            f"{relative_error(W, W_hat):.4f} | {relative_output_error(W, W_hat, held_out):.4f} |"
+            f"{weight_error:.4f} | {output_error:.4f} |"
         )
     return lines
 
@@ -141,12 +175,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default=None,
+                        help="wall time (default) or process CPU time (default with --quick)")
+    benchjson.add_interleave_option(parser)
+    benchjson.add_options(parser, "quant_methods")
     args = parser.parse_args()
+    if args.interleave is None:
+        args.interleave = args.quick
+    if args.clock is None:
+        args.clock = "cpu" if args.quick else "wall"
+    global clock
+    clock = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     print(
         f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}, "
-        f"median of {args.repeats} runs after one warm-up; W ~ N(0, 0.02^2); "
+        f"median of {args.repeats} runs after one warm-up{', cpu time' if args.clock == 'cpu' else ''}"
+        f"{', variants interleaved' if args.interleave else ''}; "
+        f"W ~ N(0, 0.02^2); "
         f"gptq/awq calibrated on {N_CALIBRATION} synthetic tokens, output error on "
         f"{N_HELD_OUT} held-out tokens\n"
     )
@@ -154,9 +200,11 @@ def main() -> None:
         "| W shape | spec | ours (ms) | compared with | theirs (ms) | ratio | rel. weight error | rel. output error |"
     )
     print("|---|---|---:|---|---:|---:|---:|---:|")
-    for shape in SHAPES:
-        for line in bench_shape(shape, args.repeats):
+    comparisons: list[dict] = []
+    for shape in SHAPES[:1] if args.quick else SHAPES:
+        for line in bench_shape(shape, args.repeats, comparisons, args.interleave):
             print(line, flush=True)
+    benchjson.write(args.json, "quant_methods", comparisons, args)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,12 @@ CPU time (``time.process_time``) by default: with one torch thread it counts the
 not the time spent waiting for a core, so ratios stay stable on a loaded machine. Pass
 ``--clock wall`` for wall-clock time (meaningful on an idle machine, and with several threads).
 
-Run: ``python benchmarks/bench_saobp.py [--repeats 7] [--threads 1]``.
+Run: ``python benchmarks/bench_saobp.py [--repeats 7] [--threads 1] [--quick] [--json PATH]``.
+
+``--quick``: L = 128 only for the forward, the quick training model only, median of 5 (``--repeats``
+still wins). Every ratio in the tables is also written as a comparison (``ratio_is``
+candidate/baseline, as printed) to ``--json`` (default ``benchmarks/results/saobp.json``; schema in
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+import benchjson
 import torch
 
 from interp.attention import saobp
@@ -107,13 +113,25 @@ def table(title: str, rows: list[tuple[str, dict[str, float]]], reference: str) 
     return "\n".join(lines)
 
 
+def comparisons_of(section: str, label: str, medians: dict[str, float], reference: str,
+                   args: argparse.Namespace) -> list[dict]:
+    """The table row's ratios as ``benchjson`` comparisons (variant / reference, as printed)."""
+    return [benchjson.comparison(f"{section}: {label}: {name} vs {reference}", name, reference, seconds,
+                                 medians[reference], repeats=args.repeats, ratio_is="candidate/baseline",
+                                 clock=args.clock, threads=args.threads)
+            for name, seconds in medians.items() if name != reference]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=None, help="default 7 (5 with --quick)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadier on a shared machine)")
     parser.add_argument("--heads", type=int, default=9)
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="process CPU time or wall time")
+    benchjson.add_options(parser, "saobp")
     args = parser.parse_args()
+    if args.repeats is None:
+        args.repeats = 5 if args.quick else 7
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     print(
@@ -121,8 +139,8 @@ def main() -> None:
         f"median of {args.repeats} interleaved repeats\n"
     )
 
-    rows = []
-    for length in (128, 512):
+    rows, comparisons = [], []
+    for length in (128,) if args.quick else (128, 512):
         for batch in (1, 2):
             label = f"L={length}, batch={batch}, {args.heads} heads, d_head=64"
             rows.append(
@@ -130,6 +148,8 @@ def main() -> None:
             )
     print("### Attention forward (no grad)\n")
     print(table("shape", rows, "standard"))
+    for label, medians in rows:
+        comparisons += comparisons_of("attention forward", label, medians, "standard", args)
 
     quick, full = TrainConfig.quick(), TrainConfig.full()
     small_batch = replace(full, batch_size=4)
@@ -140,9 +160,11 @@ def main() -> None:
         (f"full model, batch {small_batch.batch_size} x {full.seq_len}", small_batch, all_modes),
     ]
     print("\n### Training step (forward + backward + AdamW)\n")
-    for label, config, modes in cases:
+    for label, config, modes in cases[:1] if args.quick else cases:
         medians = round_robin(training_variants(config, modes), args.repeats, clock=clock)
         print(table("model", [(label, medians)], "baseline") + "\n")
+        comparisons += comparisons_of("training step", label, medians, "baseline", args)
+    benchjson.write(args.json, "saobp", comparisons, args)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,24 @@
 """Run every ``benchmarks/bench_*.py`` and keep each one's output as markdown and JSON.
 
-Each script prints its results as markdown (tables and a few lines of text). This runner
-runs them one after another in fresh processes, and writes, per script, into ``--out``
-(default ``benchmarks/results/``):
+Each script prints its results as markdown (tables and a few lines of text) and writes its
+measured comparisons as JSON (``--json``; schema ``interp-benchmark/1``, see ``benchjson.py``
+and docs/benchmarks.md). This runner runs them one after another in fresh processes, and
+writes, per script, into ``--out`` (default ``benchmarks/results/``):
 
 - ``<name>.md``: what the script printed;
-- ``<name>.json``: the same results, machine-readable: every markdown table as a list of
-  row objects (numbers parsed), the other printed lines, the command, exit status, wall
-  time and the machine (Python, torch, platform).
+- ``<name>.json``: the script's own JSON (date, machine, settings, ``comparisons``,
+  ``metrics``) plus the runner's fields: the command, exit status, wall time, and every
+  markdown table as a list of row objects (numbers parsed) with the other printed lines.
 
-``--quick`` gives each script a short setting: ``--quick`` itself for a script whose source
-defines that option, otherwise the reduced arguments in ``QUICK_ARGS`` (one repeat, fewer
-examples). Quick numbers check that the benchmarks run; they are not the numbers in
-``docs/benchmarks*.md``.
+``--quick`` passes ``--quick`` to every script: small sizes and few repeats, about 4 minutes
+for all four on one thread. Quick numbers are what docs/data/benchmarks/ holds (the reference
+for ``check_regression.py``); they are not the numbers in ``docs/benchmarks*.md``.
+``--threads N`` passes ``--threads N`` to every script; it defaults to ``$OMP_NUM_THREADS``
+when that is set, else each script's own default.
 
 Run from the repository root (``make bench`` does)::
 
-    python benchmarks/run_all.py [--quick] [--only saobp,quant_methods] [--out benchmarks/results]
+    python benchmarks/run_all.py [--quick] [--threads 1] [--only saobp,quant_methods] [--out benchmarks/results]
 
 The exit status is non-zero when any script failed; its stderr tail is in its JSON file.
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import re
 import subprocess
 import sys
@@ -33,13 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchjson
+
 HERE = Path(__file__).resolve().parent
-QUICK_ARGS: dict[str, list[str]] = {
-    "patching": ["--n", "2", "--seq-len", "16", "--scenarios", "upper"],
-    "probe_scoring": ["--repeats", "1"],
-    "quant_methods": ["--repeats", "1"],
-    "saobp": ["--repeats", "1"],
-}
 _SEPARATOR = re.compile(r"^\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
 
 
@@ -55,10 +53,14 @@ def scripts(only: list[str] | None = None) -> list[Path]:
     return [names[name] for name in only]
 
 
-def quick_args(script: Path) -> list[str]:
-    if '"--quick"' in script.read_text():
-        return ["--quick"]
-    return QUICK_ARGS.get(script.stem.removeprefix("bench_"), [])
+def script_args(quick: bool, threads: int | None) -> list[str]:
+    """The options every script gets: ``--quick`` and ``--threads N`` when asked for."""
+    return (["--quick"] if quick else []) + ([] if threads is None else ["--threads", str(threads)])
+
+
+def default_threads() -> int | None:
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() else None
 
 
 def _cell(text: str) -> Any:
@@ -103,19 +105,11 @@ def parse_markdown(text: str) -> dict[str, Any]:
     return {"tables": tables, "lines": other}
 
 
-def machine() -> dict[str, Any]:
-    try:
-        import torch
-
-        torch_version = torch.__version__
-    except ImportError:  # pragma: no cover - torch is a hard dependency
-        torch_version = None
-    return {"python": platform.python_version(), "torch": torch_version, "platform": platform.platform(),
-            "processor": platform.machine()}
-
-
 def run_one(script: Path, args: list[str], out: Path, timeout: float) -> dict[str, Any]:
-    command = [sys.executable, str(script), *args]
+    name = script.stem.removeprefix("bench_")
+    result = out / f"{name}.json"
+    result.unlink(missing_ok=True)  # a stale file must not pass for this run's results
+    command = [sys.executable, str(script), *args, "--json", str(result)]
     start = time.perf_counter()
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=HERE.parent)
@@ -124,20 +118,25 @@ def run_one(script: Path, args: list[str], out: Path, timeout: float) -> dict[st
         returncode, stderr = -1, f"timed out after {timeout:.0f} s"
         stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
     wall = time.perf_counter() - start
-    name = script.stem.removeprefix("bench_")
     (out / f"{name}.md").write_text(stdout)
-    record = {"benchmark": name, "command": ["python", f"benchmarks/{script.name}", *args],
-              "returncode": returncode, "wall_s": round(wall, 2), "machine": machine(),
-              **parse_markdown(stdout)}
+    if returncode == 0 and result.exists():
+        record = json.loads(result.read_text())
+    else:  # the script failed before writing its results: keep what is known
+        record = {"schema": benchjson.SCHEMA, "benchmark": name, "date": benchjson.now(), "quick": "--quick" in args,
+                  "machine": benchjson.machine(), "comparisons": [], "metrics": {}}
+    record.update({"command": ["python", f"benchmarks/{script.name}", *args], "returncode": returncode,
+                   "wall_s": round(wall, 2), **parse_markdown(stdout)})
     if returncode != 0:
         record["stderr_tail"] = stderr[-4000:]
-    (out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    result.write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short settings: checks that every benchmark runs")
+    parser.add_argument("--quick", action="store_true", help="pass --quick: small sizes, few repeats")
+    parser.add_argument("--threads", type=int, default=default_threads(),
+                        help="pass --threads N to every script (default: $OMP_NUM_THREADS if set, else theirs)")
     parser.add_argument("--only", default=None, help="comma-separated names, e.g. saobp,patching")
     parser.add_argument("--out", default=str(HERE / "results"), help="folder for <name>.md and <name>.json")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per script")
@@ -146,12 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     failed = []
     for script in scripts(args.only.split(",") if args.only else None):
-        extra = quick_args(script) if args.quick else []
+        extra = script_args(args.quick, args.threads)
         print(f"{script.name} {' '.join(extra)}".rstrip(), flush=True)
         record = run_one(script, extra, out, args.timeout)
         status = "ok" if record["returncode"] == 0 else f"FAILED (exit {record['returncode']})"
         print(f"  {status} in {record['wall_s']:.0f} s: {out / (record['benchmark'] + '.md')}, "
-              f"{len(record['tables'])} tables in {record['benchmark']}.json", flush=True)
+              f"{len(record['tables'])} tables and {len(record['comparisons'])} comparisons in "
+              f"{record['benchmark']}.json", flush=True)
         if record["returncode"] != 0:
             failed.append(record["benchmark"])
     if failed:

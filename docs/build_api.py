@@ -10,7 +10,7 @@ Two things pdoc does not do on its own:
   not follow; they are looked up once here, so each package page lists what
   ``from interp import X`` gives.
 - pdoc links a reference (``:func:`probe```, ``:class:`interp.quant.apply.QuantInfo```,
-  `` `interp.lens` ``) when it resolves and silently leaves it as code otherwise. Such a
+  `` `interp.localize.lens` ``) when it resolves and silently leaves it as code otherwise. Such a
   leftover is a broken cross-reference: :func:`unresolved` finds them in the HTML, and the
   build fails on them (``tests/test_api_reference.py`` runs the same check).
 

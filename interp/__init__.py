@@ -14,12 +14,12 @@ _LAZY = {
     "load_examples": "interp.data",
     "Examples": "interp.data",
     "examples_from_texts": "interp.data",
-    "nll": "interp.scoring",
+    "nll": "interp.runtime.scoring",
     "probe": "interp.probes",
     "ProbeResult": "interp.probes",
 }
-_SUBMODULES = {"attention", "quant", "lens", "patching", "stats", "figures", "report", "hooks", "probes",
-               "data", "models", "scoring", "errors"}
+_SUBMODULES = {"attention", "quant", "localize", "runtime", "probes", "figures", "report", "stats", "data", "models",
+               "errors", "io", "typing", "validate", "display"}
 
 
 def __getattr__(name: str) -> Any:

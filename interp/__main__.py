@@ -2,6 +2,6 @@
 
 import sys
 
-from interp.cli import main
+from interp.cli.main import main
 
 sys.exit(main())

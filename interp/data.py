@@ -44,6 +44,7 @@ import torch
 from interp import validate
 from interp.errors import DataError
 from interp.typing import Tokens
+from interp.validate import count
 
 Split = Literal["eval", "calibration", "all"]
 CALIBRATION_FRACTION_DENOMINATOR = 8  # one document in 8 goes to the calibration split
@@ -441,7 +442,6 @@ def examples_from_texts(texts: Sequence[str], tokenizer: Any, max_len: int | Non
         >>> ex.tokens.shape, ex.attention_mask.sum(dim=1).tolist()
         (torch.Size([2, 21]), [12, 21])
     """
-    from interp.validate import count
 
     if isinstance(texts, str) or not isinstance(texts, Sequence) or len(texts) == 0:
         raise DataError("examples_from_texts needs a non-empty list of strings (one prompt per row).")
@@ -472,6 +472,25 @@ def examples_from_texts(texts: Sequence[str], tokenizer: Any, max_len: int | Non
     return Examples(tokens=tokens, texts=list(texts), ids=names,
                     settings={"source": "texts", "seq_len": width, "padding": padding, "max_len": max_len},
                     tokenizer=tokenizer_fingerprint(tokenizer), vocab_size=len(tokenizer), attention_mask=mask)
+
+
+def left_aligned(tokens: Tokens, mask: torch.Tensor) -> tuple[Tokens, torch.Tensor]:
+    """Move each row's real tokens to its start: ``(tokens, lengths)``.
+
+    Under a causal mask, real tokens that come first never see the padding behind them and
+    keep their usual positions, so a padded batch (left or right) run this way gives every
+    real position the activations it has alone; statistics then read positions ``< length``.
+
+    Example:
+        >>> import torch
+        >>> rows, lengths = left_aligned(torch.tensor([[0, 0, 5, 6], [7, 8, 9, 0]]),
+        ...                              torch.tensor([[False, False, True, True], [True, True, True, False]]))
+        >>> rows.tolist(), lengths.tolist()
+        ([[5, 6, 0, 0], [7, 8, 9, 0]], [2, 3])
+    """
+    mask = mask.bool()
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)  # real tokens first, in order
+    return tokens.gather(1, order), mask.sum(dim=1)
 
 
 def refuse_padding(examples: Examples, what: str) -> None:

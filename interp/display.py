@@ -3,7 +3,7 @@
 Every result class mixes in :class:`ResultDisplay`. In Jupyter, evaluating a result shows its
 name, its scalar settings and the first rows of ``summary()`` as a plain HTML table: no
 JavaScript and nothing fetched, so it works offline and in exported notebooks. Figures stay
-separate (``result.figure()``), so the caller decides whether to draw.
+separate (``interp.figures.draw(result)``), so the caller decides whether to draw.
 
 Example:
     >>> import pandas as pd

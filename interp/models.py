@@ -25,7 +25,6 @@ detected and rebuilt rather than used.
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import importlib.util
 import io
@@ -45,6 +44,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import torch  # noqa: E402
 
+from interp.architecture import _family, _layout
+from interp.data import bos_token_id
 from interp.errors import ModelLoadError  # noqa: E402
 
 BUNDLED = {
@@ -256,147 +257,7 @@ def _load_hf(folder: Path, dtype: torch.dtype, device: str) -> tuple[Any, Any]:
     return model.to(device).eval(), tokenizer  # type: ignore[arg-type]
 
 
-def plain_module_tree(hf_model: torch.nn.Module) -> torch.nn.Module:
-    """``hf_model`` with every transformer-lens wrapper swapped for the module it wraps.
-
-    transformer-lens installs its wrappers *inside* the Hugging Face module tree. This
-    rebuilds the tree from shallow copies: every parameter and buffer is the model's own
-    tensor (no memory is copied), but no wrapper or hook point is on the path. A plain
-    model comes back as an equivalent copy.
-    """
-    def unwrap(module: torch.nn.Module) -> torch.nn.Module:
-        inner = getattr(module, "original_component", None)
-        source = inner if isinstance(inner, torch.nn.Module) else module
-        clone = copy.copy(source)  # shares the parameter and buffer tensors
-        for key, value in vars(source).items():  # own hook tables: hooks put on the clone stay off the original
-            if "hooks" in key and isinstance(value, dict):
-                clone.__dict__[key] = copy.copy(value)
-        clone._modules = {name: None if child is None else unwrap(child) for name, child in source._modules.items()}
-        return clone
-
-    return unwrap(hf_model)
-
-
-def decoder_layers_path(hf_model: Any) -> str:
-    """Where the decoder layers of a causal LM live: ``"model.layers"``, ``"transformer.h"``, ..."""
-    prefix = getattr(hf_model, "base_model_prefix", "") or "model"
-    base = getattr(hf_model, prefix, None)
-    for name in ("layers", "h", "blocks"):
-        if isinstance(getattr(base, name, None), torch.nn.ModuleList):
-            return f"{prefix}.{name}"
-    raise ModelLoadError(
-        f"{type(hf_model).__name__} keeps no list of decoder layers where interp looks ({prefix}.layers, "
-        f"{prefix}.h); interp supports decoder-only causal LMs with one list of blocks."
-    )
-
-
-def _follow(obj: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-_ATTENTION = ("self_attn", "attn", "attention")
-_QKV_PER_HEAD = ("query_key_value",)  # GPT-NeoX / BLOOM: rows [head, (q, k, v), d_head]
-_QKV_BLOCKED = ("qkv_proj", "c_attn", "Wqkv")  # rows [q | k | v]
-
-
-def _is_norm(module: torch.nn.Module) -> bool:
-    name = type(module).__name__.lower()
-    return isinstance(module, torch.nn.LayerNorm) or "norm" in name
-
-
-def _norm_offset(norm: torch.nn.Module, device: torch.device) -> float:
-    """1.0 when an RMSNorm multiplies by ``1 + gamma`` (Gemma), 0.0 when by ``gamma``: measured, not looked up."""
-    weight = getattr(norm, "weight", None)
-    if isinstance(norm, torch.nn.LayerNorm) or not isinstance(weight, torch.Tensor):
-        return 0.0
-    eps = float(getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None) or 1e-6)
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(4, weight.shape[-1], generator=generator).to(device=device, dtype=weight.dtype)
-    with torch.no_grad():
-        y = norm(x).float()
-    xf = x.float()
-    normalized = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return float(round(float((y / normalized - weight.detach().float()).median())))
-
-
-def _trace_block(plain: Any, layers_path: str) -> dict[str, Any]:
-    """Which norm feeds the MLP, and whether outputs are normed or the block is parallel: one tiny forward."""
-    block = _follow(plain, layers_path)[0]
-    attention = next(getattr(block, n) for n in _ATTENTION if hasattr(block, n))
-    seen: dict[str, Any] = {}
-    handles = [block.register_forward_pre_hook(
-        lambda m, args, kwargs: seen.__setitem__("block_in", args[0] if args else kwargs["hidden_states"]),
-        with_kwargs=True)]
-    handles.append(block.mlp.register_forward_pre_hook(lambda m, args: seen.__setitem__("mlp_in", args[0])))
-    handles.append(attention.register_forward_hook(
-        lambda m, args, out: seen.__setitem__("attn_out", out[0] if isinstance(out, tuple) else out)))
-    norms = {name: child for name, child in block.named_children() if _is_norm(child)}
-    for name, child in norms.items():
-        handles.append(child.register_forward_hook(
-            lambda m, args, out, name=name: seen.__setitem__(name, (args[0], out))))
-    device = next(plain.parameters()).device
-    try:
-        with torch.no_grad():
-            plain(input_ids=torch.tensor([[0, 1, 2]], device=device), use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
-    # identity first: a norm feeding the MLP hands it its very output tensor (equal values alone can
-    # mislead: in a fresh model every LayerNorm has the same weights)
-    def feeds(pairs: list[tuple[str, Any, Any]], target: Any) -> str:
-        return next((n for n, a, b in pairs if b is target), "") or next(
-            (n for n, a, b in pairs if b.shape == target.shape and torch.equal(b, target)), "")
-
-    outputs = [(n, None, seen[n][1]) for n in norms if n in seen]
-    inputs = [(n, None, seen[n][0]) for n in norms if n in seen]
-    mlp_norm = feeds(outputs, seen["mlp_in"])
-    return {
-        "mlp_norm": mlp_norm,
-        "post_norms": bool(feeds(inputs, seen["attn_out"])),
-        "parallel_residual": bool(mlp_norm) and seen[mlp_norm][0] is seen["block_in"],
-        "norm_module": norms.get(mlp_norm) or next(iter(norms.values()), None),
-    }
-
-
-def _layout(hf_model: Any) -> dict[str, Any]:
-    """The block layout of a causal LM, read from its (unwrapped) module tree."""
-    from transformers.pytorch_utils import Conv1D
-
-    plain = plain_module_tree(hf_model)
-    layers_path = decoder_layers_path(plain)
-    block = _follow(plain, layers_path)[0]
-    attention = next((getattr(block, n) for n in _ATTENTION if hasattr(block, n)), None)
-    mlp = getattr(block, "mlp", None)
-    if attention is None or mlp is None:
-        raise ModelLoadError(f"{type(hf_model).__name__}: its blocks have no attention ({'/'.join(_ATTENTION)}) "
-                             "or no mlp submodule; interp supports decoder blocks with both.")
-    fused_qkv = ("per_head" if any(hasattr(attention, n) for n in _QKV_PER_HEAD)
-                 else "blocked" if any(hasattr(attention, n) for n in _QKV_BLOCKED) else "")
-    traced = _trace_block(plain, layers_path)
-    norm = traced.pop("norm_module")
-    device = next(plain.parameters()).device
-    return {
-        "layers_path": layers_path,
-        "gated_mlp": hasattr(mlp, "gate_proj") or hasattr(mlp, "gate_up_proj"),
-        "fused_gate_up": hasattr(mlp, "gate_up_proj"),
-        "fused_qkv": fused_qkv,
-        "conv1d": any(isinstance(m, Conv1D) for m in mlp.modules()),
-        "norm": "layernorm" if isinstance(norm, torch.nn.LayerNorm) else "rmsnorm",
-        "norm_offset": _norm_offset(norm, device) if norm is not None else 0.0,
-        **traced,
-    }
-
-
-def _family(model_type: str, architecture: str) -> str:
-    """A label for the model: the config's ``model_type`` (``gemma3_text`` reads ``gemma3``)."""
-    label = (model_type or architecture).lower()
-    return "gemma3" if label.startswith("gemma3") else label
-
-
 def _model_info(name: str, hf_model: Any, tokenizer: Any, source_hash: str) -> ModelInfo:
-    from interp.data import bos_token_id
 
     cfg = hf_model.config
     text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
@@ -686,3 +547,29 @@ def export_hf(model: Any, folder: str | os.PathLike[str]) -> Path:
         if model.tokenizer is not None:
             model.tokenizer.save_pretrained(out)
     return out
+
+
+def model_hash(model: Any) -> str:
+    """A short identity for a model's weights.
+
+    The SHA-256 of the source file when the model came from one (``model.info.source_hash``),
+    else a digest of every parameter (tiny test models, HF folders).
+
+    Example:
+        >>> import interp
+        >>> from interp.models import model_hash
+        >>> same = model_hash(interp.tiny_model("llama", seed=0)) == model_hash(interp.tiny_model("llama", seed=0))
+        >>> other = model_hash(interp.tiny_model("llama", seed=0)) == model_hash(interp.tiny_model("llama", seed=1))
+        >>> same, other
+        (True, False)
+    """
+    info = getattr(model, "info", None)
+    source = getattr(info, "source_hash", "") if info is not None else ""
+    if source:
+        return str(source)[:16]
+    digest = hashlib.sha256()
+    for name, tensor in sorted(canonical_state_dict(model).items()):
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    return "w" + digest.hexdigest()[:15]

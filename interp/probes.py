@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,14 +37,23 @@ from typing import Any
 
 import pandas as pd
 import torch
+from einops import rearrange
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from interp import hooks as hk
 from interp import validate
-from interp.data import Examples, refuse_padding
+
+# The one import that runs up the layers: the attention reducers are the attention package's metric
+# table, so that adding a metric there adds its probe reducer too (allowed in setup.cfg's contract).
+from interp.attention.metrics import METRICS as ATTENTION_METRICS
+from interp.attention.metrics import AttentionMetric
+from interp.data import Examples, left_aligned
 from interp.display import ResultDisplay
-from interp.errors import ComponentError, DataError, InterpError, NonFiniteError, ResourceError
+from interp.errors import ComponentError, InterpError, NonFiniteError
+from interp.io import ensure_writable_dir, write_json
+from interp.runtime import hooks as hk
+from interp.runtime.batching import StopForward, batches, check_examples, check_memory, device_of, show_progress
+from interp.runtime.scoring import token_nll
 
 # ---------------------------------------------------------------------------------------
 # Reducers: activation [batch, pos, ...] -> per-example values [batch, ...]
@@ -55,56 +63,80 @@ def _positions(x: torch.Tensor, exclude_bos: bool) -> torch.Tensor:
     return x[:, 1:] if exclude_bos and x.shape[1] > 1 else x
 
 
-def reduce_norm(x: torch.Tensor, exclude_bos: bool = True) -> torch.Tensor:
+def _position_mean(values: torch.Tensor, exclude_bos: bool, valid: torch.Tensor | None) -> torch.Tensor:
+    """Mean of per-position ``values [B, T, ...]`` over positions: all but BOS, or the ``valid`` ones.
+
+    ``valid [B, T]`` marks the positions that count in each row (padded examples, left-aligned:
+    see :func:`counted_positions`); without it every row counts positions ``1..T-1``.
+    """
+    if valid is None:
+        return _positions(values, exclude_bos).mean(dim=1)
+    weights = valid.to(values.dtype).reshape(*valid.shape, *([1] * (values.ndim - 2)))
+    return (values * weights).sum(dim=1) / weights.sum(dim=1)
+
+
+def counted_positions(lengths: torch.Tensor, width: int, skip_first: bool) -> torch.Tensor:
+    """``[B, T]`` bool: the positions a statistic reads in left-aligned rows of these ``lengths``,
+    leaving position 0 (BOS) out when ``skip_first`` and the row has more than one token."""
+    pos = torch.arange(width, device=lengths.device)
+    counted = pos[None, :] < lengths[:, None]
+    if skip_first:
+        counted &= (pos[None, :] >= 1) | (lengths[:, None] <= 1)
+    return counted
+
+
+def reduce_norm(x: torch.Tensor, exclude_bos: bool = True, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Mean over positions of the L2 norm over the last dim: ``[B, T, D] -> [B]``."""
-    return torch.linalg.vector_norm(_positions(x, exclude_bos), dim=-1).mean(dim=1)
+    if valid is None:
+        return torch.linalg.vector_norm(_positions(x, exclude_bos), dim=-1).mean(dim=1)
+    return _position_mean(torch.linalg.vector_norm(x, dim=-1), exclude_bos, valid)
 
 
-def reduce_mean(x: torch.Tensor, exclude_bos: bool = True) -> torch.Tensor:
+def reduce_mean(x: torch.Tensor, exclude_bos: bool = True, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Mean over positions and features: ``[B, T, D] -> [B]``."""
-    return _positions(x, exclude_bos).mean(dim=(1, 2))
+    if valid is None:
+        return _positions(x, exclude_bos).mean(dim=(1, 2))
+    return _position_mean(x.mean(dim=-1), exclude_bos, valid)
 
 
-def reduce_kurtosis(x: torch.Tensor, exclude_bos: bool = True) -> torch.Tensor:
+def reduce_kurtosis(x: torch.Tensor, exclude_bos: bool = True, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Kurtosis ``m4 / m2^2`` over features per position (3 for a Gaussian), mean over positions."""
-    x = _positions(x, exclude_bos)
+    x = _positions(x, exclude_bos) if valid is None else x
     squared = (x - x.mean(dim=-1, keepdim=True)).square_()  # in place: one buffer, no pow
     m2 = squared.sum(dim=-1) / x.shape[-1]
     m4 = torch.linalg.vecdot(squared, squared) / x.shape[-1]  # sum of c^4 without a second buffer
-    return (m4 / m2.clamp_min(torch.finfo(x.dtype).tiny).pow(2)).mean(dim=1)
+    per_position = m4 / m2.clamp_min(torch.finfo(x.dtype).tiny).pow(2)
+    return per_position.mean(dim=1) if valid is None else _position_mean(per_position, exclude_bos, valid)
 
 
-def reduce_abs_mean_dims(x: torch.Tensor, exclude_bos: bool = True) -> torch.Tensor:
+def reduce_abs_mean_dims(x: torch.Tensor, exclude_bos: bool = True, valid: torch.Tensor | None = None
+                         ) -> torch.Tensor:
     """Mean |x| per feature over positions: ``[B, T, D] -> [B, D]`` (for outlier dimensions)."""
-    return _positions(x, exclude_bos).abs().mean(dim=1)
+    return _position_mean(x.abs(), exclude_bos, valid)
 
 
-def _attention_reducer(metric: str) -> Callable[[torch.Tensor, bool], torch.Tensor]:
-    def reduce(pattern: torch.Tensor, exclude_bos: bool = True) -> torch.Tensor:
-        from interp.attention import metrics
-
+def _attention_reducer(metric: AttentionMetric) -> Callable[[torch.Tensor, bool], torch.Tensor]:
+    def reduce(pattern: torch.Tensor, exclude_bos: bool = True, valid: torch.Tensor | None = None) -> torch.Tensor:
         q = pattern.shape[-2]
-        # the model's own softmax output, validated by construction: skip the value checks (hot loop)
-        if metric == "entropy":
-            values = metrics.entropy(pattern, check=False)
-        elif metric == "entropy_norm":
-            values = metrics.entropy(pattern, normalized=True, check=False)
-        elif metric == "gtd":
-            values = metrics.gtd(pattern, check=False)
-        elif metric == "sink_share":
-            values = metrics.sink_share(pattern, check=False)
-        else:
-            values = metrics.effective_span(pattern, check=False)
+        # the model's own softmax output, validated by construction: compute skips the value checks
+        values = metric.compute(pattern)
         # query 0 sees only BOS: it carries no information about localization
-        start = 1 if (exclude_bos or metric == "entropy_norm") and q > 1 else 0
-        return values[..., start:].mean(dim=-1)  # [B, H]
+        skip = exclude_bos or metric.skip_first_query
+        if valid is None:
+            start = 1 if skip and q > 1 else 0
+            return values[..., start:].mean(dim=-1)  # [B, H]
+        if skip and not exclude_bos:  # this metric always leaves query 0 out
+            lone = valid.sum(dim=1, keepdim=True) <= 1
+            valid = valid & ((torch.arange(q, device=valid.device) >= 1)[None, :] | lone)
+        weights = valid.to(values.dtype)[:, None, :]  # [B, 1, Q]
+        return (values * weights).sum(dim=-1) / weights.sum(dim=-1)
 
-    reduce.__name__ = f"reduce_{metric}"
-    reduce.__doc__ = f"Per-head {metric} averaged over query positions: ``[B, H, Q, K] -> [B, H]``."
+    reduce.__name__ = f"reduce_{metric.name}"
+    reduce.__doc__ = f"Per-head {metric.label} averaged over query positions: ``[B, H, Q, K] -> [B, H]``."
     return reduce
 
 
-def reduce_full(x: torch.Tensor, exclude_bos: bool = True) -> torch.Tensor:
+def reduce_full(x: torch.Tensor, exclude_bos: bool = True, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the whole activation (memory grows with N: use only when needed)."""
     return x.detach().clone()
 
@@ -114,14 +146,10 @@ REDUCERS: dict[str, Callable[..., torch.Tensor]] = {
     "mean": reduce_mean,
     "kurtosis": reduce_kurtosis,
     "abs_mean_dims": reduce_abs_mean_dims,
-    "entropy": _attention_reducer("entropy"),
-    "entropy_norm": _attention_reducer("entropy_norm"),
-    "gtd": _attention_reducer("gtd"),
-    "sink_share": _attention_reducer("sink_share"),
-    "effective_span": _attention_reducer("effective_span"),
+    **{name: _attention_reducer(metric) for name, metric in ATTENTION_METRICS.items()},
     "full": reduce_full,
 }
-ATTENTION_REDUCERS = frozenset({"entropy", "entropy_norm", "gtd", "sink_share", "effective_span"})
+ATTENTION_REDUCERS = frozenset(ATTENTION_METRICS)
 VECTOR_REDUCERS = frozenset({"norm", "mean", "kurtosis", "abs_mean_dims"})
 
 
@@ -215,7 +243,6 @@ class ProbeResult(ResultDisplay):
 
     def save(self, folder: str | Path) -> Path:
         """Write ``stats.safetensors``, ``probe.json`` and ``probe.parquet`` into ``folder``."""
-        from interp.io import ensure_writable_dir, write_json
 
         out = ensure_writable_dir(folder)
         save_file({k.replace("/", "."): v.contiguous() for k, v in self.stats.items()},
@@ -237,87 +264,6 @@ class ProbeResult(ResultDisplay):
 # Running
 
 
-class _StopForward(Exception):
-    """Raised by the last needed hook so the rest of the forward (and the unembed) is skipped."""
-
-
-def check_context(model: Any, tokens: torch.Tensor) -> None:
-    """Token rows fit the model: at most its context long, and every id inside its vocabulary."""
-    n_ctx = getattr(getattr(model, "info", None), "n_ctx", None) or int(model.cfg.n_ctx)
-    if tokens.shape[-1] > n_ctx:
-        raise InterpError(
-            f"Sequences of {tokens.shape[-1]} tokens exceed this model's context of {n_ctx}. Lower seq_len."
-        )
-    check_token_ids(model, tokens)
-
-
-def model_vocab_size(model: Any) -> int:
-    """Rows of the model's input embedding: token ids must lie in ``[0, vocab)``."""
-    original = getattr(model, "original_model", model)
-    embedding = original.get_input_embeddings() if hasattr(original, "get_input_embeddings") else None
-    if embedding is not None and hasattr(embedding, "num_embeddings"):
-        return int(embedding.num_embeddings)
-    return int(model.cfg.d_vocab)
-
-
-def check_token_ids(model: Any, tokens: torch.Tensor) -> None:
-    if tokens.is_floating_point() or tokens.dtype == torch.bool:
-        raise DataError(f"Token ids must be integers, got a {tokens.dtype} tensor.")
-    if tokens.ndim != 2 or tokens.shape[-1] < 2:
-        raise DataError(f"Token rows must be [N, T] with T >= 2 (BOS + a token to predict); got shape "
-                        f"{tuple(tokens.shape)}.")
-    if tokens.numel() == 0:
-        return
-    vocab = model_vocab_size(model)
-    low, high = int(tokens.min()), int(tokens.max())
-    if low < 0 or high >= vocab:
-        bad = low if low < 0 else high
-        raise DataError(f"Token id {bad} is outside this model's vocabulary [0, {vocab}). The rows were made by "
-                        "another tokenizer or edited by hand: tokenize with this model's tokenizer "
-                        "(interp.load_examples(source, model.tokenizer, ...)).")
-
-
-def check_examples(model: Any, examples: Examples) -> None:
-    """Examples fit the model: context, token id range, and (when known) the same tokenizer.
-
-    Call it at every entry point that runs a model on examples (nll, probe, patching, score).
-    """
-    check_context(model, examples.tokens)
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is None or not (examples.tokenizer or examples.vocab_size):
-        return  # rows from Examples.from_tokens: only the id range can be checked
-    from interp.data import tokenizer_fingerprint
-
-    if examples.vocab_size and examples.vocab_size != len(tokenizer):
-        raise DataError(f"These examples were tokenized with a vocabulary of {examples.vocab_size} tokens, but the "
-                        f"model's tokenizer has {len(tokenizer)}. Load them with this model's tokenizer.")
-    if examples.tokenizer and examples.tokenizer != tokenizer_fingerprint(tokenizer):
-        raise DataError(f"These examples were tokenized by another tokenizer (fingerprint {examples.tokenizer}, "
-                        f"model's {tokenizer_fingerprint(tokenizer)}): their ids mean other tokens to this model. "
-                        "Load them with interp.load_examples(source, model.tokenizer, ...).")
-
-
-def available_memory_bytes() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 << 30
-
-
-def check_memory(n_bytes: int, what: str, fraction: float = 0.5) -> None:
-    """Refuse a capture that would use more than ``fraction`` of available memory."""
-    budget = available_memory_bytes() * fraction
-    if n_bytes > budget:
-        raise ResourceError(
-            f"{what} would need {n_bytes / 2**30:.1f} GiB, over {fraction:.0%} of available memory "
-            f"({budget / 2**30:.1f} GiB). Use a streaming reducer (norm, mean, entropy, ...) instead "
-            "of 'full', lower n or seq_len, or raise memory_fraction."
-        )
-
-
 def _full_bytes(model: Any, component: str, n_examples: int, seq_len: int, n_layers: int) -> int:
     cfg = model.cfg
     per_pos = {
@@ -326,39 +272,6 @@ def _full_bytes(model: Any, component: str, n_examples: int, seq_len: int, n_lay
         "gate": cfg.d_mlp, "gate_pre": cfg.d_mlp, "up": cfg.d_mlp,
     }.get(component, cfg.d_model)
     return n_examples * seq_len * per_pos * n_layers * 4
-
-
-def batches(n: int, batch_size: int) -> Iterable[tuple[int, int]]:
-    if batch_size < 1:
-        raise InterpError(f"batch_size must be at least 1; got {batch_size}.")
-    for start in range(0, n, batch_size):
-        yield start, min(n, start + batch_size)
-
-
-def show_progress(progress: bool | None) -> bool:
-    """Whether a long run draws its ``tqdm.auto`` bar: ``progress`` when given, else on in a
-    terminal and in Jupyter (where stderr is no terminal, but the bar is a widget).
-
-    Example:
-        >>> show_progress(False), show_progress(True)
-        (False, True)
-    """
-    if progress is not None:
-        return progress
-    return sys.stderr.isatty() or in_notebook()
-
-
-def in_notebook() -> bool:
-    """True inside a running IPython kernel (Jupyter, VS Code notebooks); IPython is not imported here."""
-    ipython = sys.modules.get("IPython")
-    get_ipython = getattr(ipython, "get_ipython", None)
-    if get_ipython is None:
-        return False
-    try:
-        shell = get_ipython()
-    except Exception:  # noqa: BLE001 - a half-initialised IPython: treat as no kernel
-        return False
-    return getattr(shell, "kernel", None) is not None
 
 
 def probe(
@@ -379,8 +292,11 @@ def probe(
 
     Args:
         model: a bridge from :func:`interp.load_model`.
-        examples: token rows from :func:`interp.load_examples`.
-        components: semantic names (see :mod:`interp.hooks`).
+        examples: token rows from :func:`interp.load_examples`, or padded prompts from
+            :func:`interp.examples_from_texts`: each row's real tokens are run first (the causal
+            mask keeps them from seeing the padding), pad positions never enter a statistic,
+            and ``full`` captures hold NaN there.
+        components: semantic names (see :mod:`interp.runtime.hooks`).
         reducers: reducer names; each applies to every component it fits (vector reducers to
             vector activations, attention reducers to ``pattern``). ``full`` keeps tensors.
         batch_size: examples per forward; sets the peak memory.
@@ -394,7 +310,7 @@ def probe(
         with_nll: also compute each example's mean next-token NLL from the same forwards
             (``result.nll``); the forward then always runs to the end.
         native: read the activations on the bridge-free Hugging Face tree
-            (:func:`interp.hooks.native_model`; same numbers, ~20% faster) instead of the
+            (:func:`interp.runtime.hooks.native_model`; same numbers, ~20% faster) instead of the
             bridge's hook points. Default: whenever possible, i.e. no ``extra_hooks``, no
             hooks registered on ``model``, and a llama-style or Gemma-3 module layout.
 
@@ -415,7 +331,6 @@ def probe(
     pairs = _pairs(model, components, reducers, layer_list)
     n, seq_len = examples.tokens.shape
     check_examples(model, examples)
-    refuse_padding(examples, "probe")
     full_bytes = sum(_full_bytes(model, c, n, seq_len, len(layer_list)) for c, r in pairs if r == "full")
     if full_bytes:
         check_memory(full_bytes, "Keeping full activations", memory_fraction)
@@ -426,17 +341,25 @@ def probe(
     nll_chunks: list[torch.Tensor] = []
     with torch.no_grad(), context:
         if not (extra_hooks or with_nll):  # else the forward must run to the end
-            run.find_last_hook(forward, examples.tokens[:1, :2].to(_device(model)))
+            run.find_last_hook(forward, examples.tokens[:1, :2].to(device_of(model)))
         for start, end in batches(n, batch_size):
             run.ids, run.offset = examples.ids[start:end], start
-            tokens = examples.tokens[start:end].to(_device(model))
+            tokens = examples.tokens[start:end].to(device_of(model))
+            lengths = None
+            if examples.padded:  # real tokens first: under the causal mask they never see the padding
+                run.mask = examples.attention_mask[start:end].to(tokens.device)
+                tokens, lengths = left_aligned(tokens, run.mask)
+                run.lengths = lengths
             try:
                 out = forward(input_ids=tokens)
                 if with_nll:
-                    from interp.scoring import token_nll
-
-                    nll_chunks.append(token_nll(out.logits, tokens).double().mean(dim=1).float().cpu())
-            except _StopForward:
+                    per_token = token_nll(out.logits, tokens).double()
+                    if lengths is None:
+                        nll_chunks.append(per_token.mean(dim=1).float().cpu())
+                    else:  # targets 1..length-1 of each row
+                        targets = counted_positions(lengths, tokens.shape[1], skip_first=True)[:, 1:]
+                        nll_chunks.append(((per_token * targets).sum(1) / targets.sum(1)).float().cpu())
+            except StopForward:
                 pass
             bar.update(end - start)
     bar.close()
@@ -479,6 +402,8 @@ class _ProbeRun:
         self.ids: list[str] = []
         self.dry = False
         self.last: str | None = None
+        self.mask: torch.Tensor | None = None  # padded batches: the rows' own attention mask
+        self.lengths: torch.Tensor | None = None  # and their lengths, once left-aligned
         self.fired: list[str] = []
         self.consumers: list[tuple[str, int, str, Callable[[torch.Tensor], None]]] = []
         for li, layer in enumerate(layers):
@@ -498,18 +423,35 @@ class _ProbeRun:
                 return
             x = x.detach()
             if component == "head" and x.ndim == 3:  # the native tap sees o_proj's flat input
-                x = x.view(*x.shape[:2], self.model.cfg.n_heads, -1)
+                x = rearrange(x, "b t (h d) -> b t h d", h=self.model.cfg.n_heads)
             if act is not None:
                 x = act(x)
+            wide = x if x.dtype == torch.float64 else x.float()  # statistics in float32, or float64 if the model is
             for reducer, key in keys:
-                value = REDUCERS[reducer](x.float() if reducer != "full" else x, self.exclude_bos)
+                if self.lengths is None:
+                    value = REDUCERS[reducer](wide if reducer != "full" else x, self.exclude_bos)
+                elif reducer == "full":
+                    value = self._unaligned(x)
+                else:
+                    skip = self.exclude_bos
+                    valid = counted_positions(self.lengths, x.shape[-2] if component == "pattern" else x.shape[1],
+                                              skip_first=skip)
+                    value = REDUCERS[reducer](wide, self.exclude_bos, valid)
                 if reducer != "full":
                     self._check_finite(value, component, layer)
                 self._store(key, li, value)
             if name == self.last:
-                raise _StopForward
+                raise StopForward
 
         return consume
+
+    def _unaligned(self, x: torch.Tensor) -> torch.Tensor:
+        """A ``full`` capture of left-aligned rows put back where each token sat in the padded
+        batch; pad positions hold NaN, so no statistic can take them for data."""
+        out = torch.full_like(x, math.nan) if x.is_floating_point() else torch.zeros_like(x)
+        for row, length in enumerate(self.lengths.tolist()):
+            out[row, self.mask[row]] = x[row, :length]
+        return out
 
     def _check_finite(self, value: torch.Tensor, component: str, layer: int) -> None:
         if torch.isfinite(value).all():
@@ -558,10 +500,6 @@ class _ProbeRun:
             table = self.stats[key] = (torch.full(shape, math.nan, dtype=value.dtype) if value.is_floating_point()
                                        else torch.zeros(shape, dtype=value.dtype))
         table[li, self.offset : self.offset + value.shape[0]] = value
-
-
-def _device(model: Any) -> torch.device:
-    return next(model.original_model.parameters()).device
 
 
 def _bridge_hook(consume: Callable[[torch.Tensor], None]) -> Callable[..., None]:

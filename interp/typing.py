@@ -11,3 +11,5 @@ PerQuery = Float[Tensor, "... query"]
 Resid = Float[Tensor, "batch pos d_model"]
 Weight = Float[Tensor, "d_out d_in"]
 PerExample = Float[Tensor, " n_examples"]
+TokenNLL = Float[Tensor, "batch predicted"]
+Key = tuple[str, int]  # an activation site: (component, layer)

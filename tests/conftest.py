@@ -10,7 +10,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# At most 2 torch threads (CI's machine has 2 cores); OMP_NUM_THREADS, when set, wins, so that
+# `.ci/run`'s one-thread pass of the numerical tests really runs on one thread.
+torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])) if os.environ.get("OMP_NUM_THREADS", "").isdigit()
+                      else max(1, min(2, os.cpu_count() or 1)))
 
 
 @pytest.fixture(scope="session")

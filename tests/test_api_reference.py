@@ -21,8 +21,10 @@ from interp.display import ResultDisplay
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC_PACKAGES = ("interp", "interp.attention", "interp.quant")
-RESULT_MODULES = ("interp.probes", "interp.attention.analysis", "interp.lens", "interp.patching",
-                  "interp.quant.analysis")
+RESULT_MODULES = ("interp.probes", "interp.attention.analysis", "interp.localize.lens", "interp.localize.restoration",
+                  "interp.localize.patching.results", "interp.localize.patching.attribution",
+                  "interp.localize.patching.experiments", "interp.quant.analysis.agreement",
+                  "interp.quant.analysis.split", "interp.quant.analysis.norms", "interp.quant.analysis.reversal")
 
 
 def _build_api():
@@ -60,7 +62,7 @@ def test_unresolved_finds_a_reference_left_as_code(tmp_path):
     build_api = _build_api()
     page = tmp_path / "interp" / "probes.html"
     page.parent.mkdir()
-    page.write_text('<div class="docstring"><p>See <code><a href="lens.html">interp.lens</a></code>, '
+    page.write_text('<div class="docstring"><p>See <code><a href="lens.html">interp.localize.lens</a></code>, '
                     "<code>interp.no_such_module</code>, <code>probe()</code> and <code>x + 1</code>.</p></div>")
     found = build_api.unresolved(tmp_path)
     # interp.no_such_module is a project path; probe() is a :func: role target somewhere in the package.
@@ -101,7 +103,8 @@ def test_every_result_class_has_summary_and_html():
 
 def _small_results():
     from interp.attention.analysis import AttentionResult
-    from interp.lens import EarlyExitResult, RestorationResult
+    from interp.localize.lens import EarlyExitResult
+    from interp.localize.restoration import RestorationResult
     from interp.quant.analysis import NormCorrelationResult, ReversalResult, SplitResult
 
     ids = ["a", "b", "c"]
@@ -140,7 +143,7 @@ def test_reversal_summary_table_and_headline_agree():
 
 
 def test_progress_bars_on_in_a_jupyter_kernel(monkeypatch):
-    from interp.probes import in_notebook, show_progress
+    from interp.runtime.batching import in_notebook, show_progress
 
     class NoTerminal:
         def isatty(self) -> bool:
@@ -156,3 +159,12 @@ def test_progress_bars_on_in_a_jupyter_kernel(monkeypatch):
     assert not show_progress(False)  # an explicit choice wins
     fake.get_ipython = lambda: types.SimpleNamespace()  # type: ignore[attr-defined]  # terminal IPython
     assert not show_progress(None)
+
+
+def test_attention_package_names_match_the_trainable_module():
+    """interp.attention lists the trainable module's names without importing it (transformers is
+    slow to load); the copy must stay equal to the module's own __all__."""
+    import interp.attention as attention
+    from interp.attention import trainable
+
+    assert set(attention._TRAINABLE) | {"ATTN_IMPLEMENTATION"} == set(trainable.__all__)

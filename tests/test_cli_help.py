@@ -13,9 +13,7 @@ import re
 import pytest
 
 import interp
-from interp.cli import COMMANDS, _register_optional_commands, build_parser, main
-
-_register_optional_commands()  # the subcommand modules register themselves on import
+from interp.cli.main import COMMANDS, build_parser, main
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -61,17 +59,17 @@ def _help_of(parser, command: str, option: str) -> str:
 
 
 def test_valid_names_come_from_their_registries(parser):
-    from interp.hooks import COMPONENTS
-    from interp.patching import PATCHABLE
+    from interp.localize.patching import PATCHABLE
     from interp.probes import REDUCERS
     from interp.quant.spec import METHODS
-    from interp.report_stages import _all_stages
+    from interp.report.stages import STAGES
+    from interp.runtime.hooks import COMPONENTS
 
     expectations = [
         ("probe", "--components", list(COMPONENTS)),
         ("probe", "--reducers", list(REDUCERS)),
         ("patch", "--components", list(PATCHABLE)),
-        ("report", "--stages", [s.name for s in _all_stages()]),
+        ("report", "--stages", [s.name for s in STAGES]),
         ("score", "--methods", list(METHODS)),
         ("quantize", "--method", list(METHODS)),
     ]
@@ -112,7 +110,7 @@ def test_each_command_help_exits_zero(command, capsys):
 
 def test_report_methods_split_through_the_spec_registry():
     """The report's --methods list is split and checked by the quant spec code, not by a regex of names."""
-    from interp.cli_quant import parse_spec_list, split_specs
+    from interp.cli.quant import parse_spec_list, split_specs
 
     text = "rtn:bits=3,group=64,gptq:bits=3;nf:bits=4 awq:bits=4,grid=10"
     assert split_specs(text) == ["rtn:bits=3,group=64", "gptq:bits=3", "nf:bits=4", "awq:bits=4,grid=10"]
@@ -124,7 +122,7 @@ def test_version_and_help_do_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom interp.cli import main\n"
+    code = ("import sys\nfrom interp.cli.main import main\n"
             "for argv in (['--version'], ['--help']):\n"
             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")

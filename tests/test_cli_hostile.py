@@ -65,7 +65,7 @@ class Outcome:
 
 def run_cli(argv: list[str], capsys) -> Outcome:
     """Run ``interp.cli.main(argv)`` and classify what a user would have seen."""
-    from interp.cli import main
+    from interp.cli.main import main
 
     capsys.readouterr()
     try:
@@ -315,7 +315,7 @@ def test_table_size_and_categories():
 
 
 def test_every_command_appears_in_the_table():
-    from interp.cli import build_parser
+    from interp.cli.main import build_parser
 
     parser = build_parser()
     commands = set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]

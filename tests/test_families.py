@@ -18,10 +18,10 @@ import torch
 import transformers as tf
 
 import interp
-from interp import hooks as hk
-from interp import lens, patching
 from interp.errors import ComponentError, ModelLoadError
+from interp.localize import lens, patching
 from interp.models import TINY_VOCAB, tiny_tokenizer
+from interp.runtime import hooks as hk
 
 SPECIAL = {"vocab_size": TINY_VOCAB, "bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258}
 LLAMA_LIKE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -222,7 +222,7 @@ def quantized(models):
 def test_quantize_slices_and_score(family, models, quantized, examples, tmp_path):
     from interp.quant.methods import quantize_weight
     from interp.quant.store import score
-    from interp.scoring import model_logits, token_nll
+    from interp.runtime.scoring import model_logits, token_nll
 
     model, qmodel = models(family), quantized(family)
     for role, slot in hk.linear_weights(model, 0).items():

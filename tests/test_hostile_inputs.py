@@ -29,10 +29,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import interp
-from interp import patching as P
 from interp.attention import effective_span, entropy, gtd, saobp, saobp_hook, sink_share
 from interp.data import Examples, load_examples
 from interp.errors import ComponentError, DataError, InterpError, NonFiniteError, SpecError
+from interp.localize import patching as P
 from interp.quant.methods import quantize_weight
 from interp.quant.spec import METHODS, parse_spec
 

@@ -1,4 +1,4 @@
-"""interp.lens: early exit (logit lens) and layer restoration. Unit tier on tiny random
+"""interp.localize.lens and .restoration: early exit (logit lens) and layer restoration. Unit tier on tiny random
 models; integration tier on SmolLM2 (and Gemma-3 when installed)."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import interp
-from interp import hooks as hk
-from interp import lens
 from interp.errors import ComponentError, InterpError
-from interp.scoring import token_nll
+from interp.figures import draw
+from interp.localize import lens, restoration
+from interp.runtime import hooks as hk
+from interp.runtime.scoring import token_nll
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixtures pair/rows/one_thread: conftest.py
 
@@ -70,7 +71,7 @@ def test_curves_table_figure_and_split(pair, rows):
     assert list(table.columns) == ["reference / D_large", "reference / D_ctrl", "quantized / D_large",
                                    "quantized / D_ctrl", "gap / D_large", "gap / D_ctrl"]
     assert 0 <= curves.split_layer("D_large") <= 3
-    figure = curves.figure()
+    figure = draw(curves)
     assert len(figure.data) == 4 and figure.data[1].line.dash == "dash"
     frame = curves.results["reference / D_large"].to_frame()
     assert list(frame.columns) == ["layer", "example", "nll"] and len(frame) == 4 * 2
@@ -101,7 +102,7 @@ def _weights(model, layer: int) -> dict[str, torch.Tensor]:
 def test_restore_layers_copies_and_never_mutates(pair):
     reference, quantized = pair
     before_q, before_r = _weights(quantized, 3), _weights(reference, 3)
-    restored = lens.restore_layers(quantized, reference, [3])
+    restored = restoration.restore_layers(quantized, reference, [3])
     assert restored is not quantized and restored.restored_layers == [3]
     for k, v in _weights(restored, 3).items():
         assert torch.equal(v, before_r[k])
@@ -114,20 +115,20 @@ def test_restore_layers_copies_and_never_mutates(pair):
 
 def test_restore_only_the_gate_weights(pair):
     reference, quantized = pair
-    restored = lens.restore_layers(quantized, reference, [-1], roles=["gate"])
+    restored = restoration.restore_layers(quantized, reference, [-1], roles=["gate"])
     mods, ref_mods, q_mods = (hk.linear_modules(m, 3) for m in (restored, reference, quantized))
     assert torch.equal(mods["gate"].weight, ref_mods["gate"].weight)
     assert torch.equal(mods["up"].weight, q_mods["up"].weight)
     with pytest.raises(ComponentError, match="roles"):
-        lens.restore_layers(quantized, reference, [0], roles=["gates"])
+        restoration.restore_layers(quantized, reference, [0], roles=["gates"])
 
 
 def test_restoration_sweep_equals_restored_copies(pair, rows):
     reference, quantized = pair
-    res = lens.restoration_sweep(quantized, reference, rows, ks=[0, 1, 3, 4], batch_size=2)
+    res = restoration.restoration_sweep(quantized, reference, rows, ks=[0, 1, 3, 4], batch_size=2)
     assert res.restored == [[], [3], [1, 2, 3], [0, 1, 2, 3]]
     for i, layers in enumerate(res.restored):
-        expected = interp.nll(lens.restore_layers(quantized, reference, layers), rows).double()
+        expected = interp.nll(restoration.restore_layers(quantized, reference, layers), rows).double()
         # the sweep reuses the unrestored prefix's activations (float32, same ops, different batching):
         # the two NLLs differ by reordering only, ~1e-6 nats for a 4-layer tiny model
         assert torch.allclose(res.nll[i], expected, atol=1e-5)
@@ -136,9 +137,9 @@ def test_restoration_sweep_equals_restored_copies(pair, rows):
     table = res.table()
     assert table["recovery"].iloc[0] == pytest.approx(0.0) and table["recovery"].iloc[-1] == pytest.approx(1.0)
     assert list(table["restored"]) == ["", "3", "1-3", "0-3"]
-    assert type(res.figure()).__name__ == "Figure"
+    assert type(draw(res)).__name__ == "Figure"
     with pytest.raises(InterpError, match="ks must lie"):
-        lens.restoration_sweep(quantized, reference, rows, ks=[9])
+        restoration.restoration_sweep(quantized, reference, rows, ks=[9])
 
 
 # ---------------------------------------------------------------------------------------
@@ -157,14 +158,14 @@ def test_smol_last_layer_exit_is_the_models_nll(smol):
 @pytest.mark.integration
 @pytest.mark.gemma
 def test_gemma_exit_and_suffix_runner(gemma):
-    from interp import patching
+    from interp.localize import patching
 
     rows = interp.load_examples("wiki", gemma.tokenizer, n=2, seq_len=24, seed=0)
     res = lens.early_exit(gemma, rows, at="resid_post", layers=[-1])
     # as for SmolLM2: the same head, float32 summation order over 262k logits
     assert (res.nll[-1] - interp.nll(gemma, rows)).abs().max() < 1e-4
     runner = patching.DecoderRunner.for_model(gemma)
-    cache, final = patching._capture(gemma, rows.tokens, [("resid_pre", 0)])
+    cache, final = patching.capture(gemma, rows.tokens, [("resid_pre", 0)])
     with torch.no_grad():
         # the runner replays the same float32 blocks on the cached input: equal up to kernel ordering
         assert torch.allclose(runner.run(cache[("resid_pre", 0)], 0), final, atol=1e-4)
@@ -176,7 +177,7 @@ def test_early_exit_refuses_bad_layer_selections(tiny_llama, bad):
 
     from interp.data import Examples
     from interp.errors import ComponentError
-    from interp.lens import early_exit
+    from interp.localize.lens import early_exit
 
     ex = Examples.from_tokens(torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0)))
     with pytest.raises(ComponentError):

@@ -12,7 +12,7 @@ import torch
 import interp
 from interp import models
 from interp.errors import ModelLoadError
-from interp.hooks import native_model
+from interp.runtime.hooks import native_model
 
 pytestmark = pytest.mark.integration
 

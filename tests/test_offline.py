@@ -14,10 +14,10 @@ pytestmark = pytest.mark.integration
 
 
 def test_pipeline_runs_with_sockets_blocked(no_network, tmp_path):
-    from interp.patching import patch_component
+    from interp.localize.patching import patch_component
     from interp.quant.apply import quantize
     from interp.quant.store import score
-    from interp.report import ReportSettings, run_report
+    from interp.report.run import ReportSettings, run_report
 
     model = interp.load_model("smollm2-135m")
     ex = interp.load_examples("wiki", model.tokenizer, n=4, seq_len=24)

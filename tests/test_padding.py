@@ -14,6 +14,8 @@ import interp
 from interp.data import Examples, examples_from_texts
 from interp.errors import DataError, InterpError
 
+pytestmark = pytest.mark.numerical  # derived tolerances: CI reruns this file with one thread
+
 TEXTS = ["Paris is the capital of France.", "Hi there", "A somewhat longer prompt, with punctuation; and more.",
          "Quantization error varies by input."]
 EXACT = 1e-10  # float64 end to end, see the module docstring
@@ -44,7 +46,7 @@ def test_nll_of_padded_rows_equals_each_row_alone(model64, tok, side) -> None:
     batched = interp.nll(model64, ex, batch_size=3).double()
     alone = torch.cat([interp.nll(model64, _alone(ex, i)).double() for i in range(len(TEXTS))])
     assert float((batched - alone).abs().max()) < 1e-6  # nll returns float32: one rounding of values ~5.6
-    from interp.scoring import row_mean, token_nll_fn
+    from interp.runtime.scoring import row_mean, token_nll_fn
 
     score = token_nll_fn(model64)
     with torch.no_grad():
@@ -54,7 +56,7 @@ def test_nll_of_padded_rows_equals_each_row_alone(model64, tok, side) -> None:
 
 
 def test_left_and_right_padding_agree(model64, tok) -> None:
-    from interp.scoring import row_mean, token_nll_fn
+    from interp.runtime.scoring import row_mean, token_nll_fn
 
     score = token_nll_fn(model64)
     values = {}
@@ -93,20 +95,64 @@ def test_padding_changes_the_stored_row(tok) -> None:
 
 
 def test_entry_points_without_mask_support_refuse_padding(model64, tok) -> None:
-    from interp.attention import analyze
-    from interp.lens import early_exit
-    from interp.patching import joint_patches, patch
+    from interp.localize.lens import early_exit
+    from interp.localize.patching import joint_patches, patch
 
     ex = examples_from_texts(TEXTS, tok)
-    for call in (lambda: interp.probe(model64, ex, ["resid_post"], ["norm"]),
-                 lambda: analyze(model64, ex),
-                 lambda: early_exit(model64, ex),
+    for call in (lambda: early_exit(model64, ex),
                  lambda: patch(model64, model64, ex, joint_patches(["attn_out"], [0]))):
         with pytest.raises(InterpError, match="padded examples"):
             call()
     same = examples_from_texts(["abcd", "efgh"], tok)
     assert not same.padded  # equal lengths: no padding, every entry point accepts it
     assert tuple(interp.probe(model64, same, ["resid_post"], ["norm"])["resid_post", "norm"].shape)[1] == 2
+
+
+VECTOR = ["norm", "mean", "kurtosis", "abs_mean_dims"]
+ATTENTION = ["entropy", "entropy_norm", "gtd", "sink_share", "effective_span"]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("exclude_bos", [True, False])
+def test_probe_of_padded_rows_equals_each_row_alone(model64, tok, side, exclude_bos) -> None:
+    """Every reducer, vector and attention, and the probe's NLL: a padded batch gives each row
+    the value it has when run alone, unpadded (float64: EXACT)."""
+    ex = examples_from_texts(TEXTS, tok, padding=side)
+    comps = ["resid_mid", "resid_post", "h", "gate", "pattern"]
+    kwargs = dict(reducers=VECTOR + ATTENTION, exclude_bos=exclude_bos, progress=False)
+    batched = interp.probe(model64, ex, comps, batch_size=3, with_nll=True, **kwargs)
+    for i in range(len(TEXTS)):
+        alone = interp.probe(model64, _alone(ex, i), comps, with_nll=True, **kwargs)
+        for key in alone.stats:
+            got, want = batched.stats[key][:, i], alone.stats[key][:, 0]
+            assert torch.isfinite(got).all(), key
+            assert float((got.double() - want.double()).abs().max()) < EXACT, (key, i)
+        assert abs(float(batched.nll[i]) - float(alone.nll[0])) < 1e-6  # nll is stored in float32
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_full_capture_of_padded_rows_sits_where_the_tokens_were(model64, tok, side) -> None:
+    ex = examples_from_texts(TEXTS, tok, padding=side)
+    batched = interp.probe(model64, ex, ["resid_post"], ["full"], progress=False)["resid_post", "full"]
+    for i in range(len(TEXTS)):
+        alone = interp.probe(model64, _alone(ex, i), ["resid_post"], ["full"], progress=False)["resid_post", "full"]
+        keep = ex.attention_mask[i]
+        assert float((batched[:, i][:, keep] - alone[:, 0]).abs().max()) < EXACT
+        assert torch.isnan(batched[:, i][:, ~keep]).all()  # pads are marked, never zeros that look like data
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_attention_analysis_with_saobp_honours_the_mask(model64, tok, side) -> None:
+    from interp.attention import analyze
+
+    ex = examples_from_texts(TEXTS, tok, padding=side)
+    batched = analyze(model64, ex, saobp_beta=3.0, batch_size=3, progress=False)
+    means = [analyze(model64, _alone(ex, i), saobp_beta=3.0, progress=False).table for i in range(len(TEXTS))]
+    metrics = ATTENTION
+    expected = sum(t[metrics].to_numpy() for t in means) / len(means)  # the table averages over examples
+    assert abs(batched.table[metrics].to_numpy() - expected).max() < EXACT
+    assert abs(batched.nll_saobp.double() - torch.cat([analyze(model64, _alone(ex, i), saobp_beta=3.0,
+               progress=False).nll_saobp.double() for i in range(len(TEXTS))])).max() < 1e-6
 
 
 def test_bad_text_input_is_refused(tok) -> None:

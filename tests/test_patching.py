@@ -1,4 +1,4 @@
-"""interp.patching: the engine's exactness (against the naive loop and against known
+"""interp.localize.patching: the engine's exactness (against the naive loop and against known
 identities), the gate / gate-input semantics, clean/corrupt patching, attribution, and the
 paper's experiments. Unit tier on tiny random models; integration tier on SmolLM2."""
 
@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import interp
-from interp import hooks as hk
-from interp import patching as P
 from interp.errors import ComponentError, DataError
+from interp.figures import draw
+from interp.localize import patching as P
+from interp.runtime import hooks as hk
 
 # Exactness is tested in float64 (models cast with .to(torch.float64)) with an NLL metric that
 # stays in float64 (F64NLL below): the engine and the naive loop then differ only by float64
@@ -134,10 +135,26 @@ def test_engine_equals_the_naive_loop(pair64, rows):
 
 
 @pytest.mark.numerical
+def test_engine_equals_transformer_lens_own_serial_loop(pair64, rows):
+    """The other baseline of benchmarks/bench_patching.py: run_with_cache for the source, then one
+    run_with_hooks per patch whose hook returns the source's activation (float64: reordering only)."""
+    reference, quantized = pair64
+    jobs = P.single_layer_patches(P.PAPER_COMPONENTS, [0, 3])
+    fast = P.patch(quantized, reference, rows, jobs, batch_size=2, metric=F64NLL())
+    names = [hk.hook_point(quantized, job.component, job.layers[0]) for job in jobs]
+    with torch.no_grad():
+        _, cache = reference.run_with_cache(rows.tokens, names_filter=lambda name: name in names)
+        for j, name in enumerate(names):
+            logits = quantized.run_with_hooks(rows.tokens, fwd_hooks=[(name, lambda x, hook, src=cache[name]: src)])
+            assert (fast.values[j] - F64NLL().from_logits(logits, rows.tokens, None)).abs().max() < EXACT, name
+    assert _no_hooks_left(quantized) and _no_hooks_left(reference)
+
+
+@pytest.mark.numerical
 def test_decoder_runner_reproduces_the_forward(pair64, rows):
     _, quantized = pair64
     runner = P.DecoderRunner.for_model(quantized)
-    cache, final = P._capture(quantized, rows.tokens, [("resid_pre", 0), ("resid_pre", 2)])
+    cache, final = P.capture(quantized, rows.tokens, [("resid_pre", 0), ("resid_pre", 2)])
     with torch.no_grad():
         # residuals of norm ~10: float64 reordering error ~1e-14
         assert (runner.run(cache[("resid_pre", 0)], 0) - final).abs().max() < EXACT
@@ -150,7 +167,7 @@ def test_gate_pre_activation_patch_equals_patching_act_gate(pair64, rows):
     reference, quantized = pair64
     layer = 2
     res = P.patch(quantized, reference, rows, [P.Patch("gate", (layer,))], metric=F64NLL())
-    cache, _ = P._capture(reference, rows.tokens, [("gate_pre", layer)])
+    cache, _ = P.capture(reference, rows.tokens, [("gate_pre", layer)])
     act = hk.activation_fn(quantized, layer)
     with torch.no_grad():
         replacement = act(cache[("gate_pre", layer)])
@@ -167,8 +184,8 @@ def test_gate_pre_activation_patch_equals_patching_act_gate(pair64, rows):
 def test_gate_input_reaches_only_the_gate_projection(pair64, rows):
     reference, quantized = pair64
     layer = 1
-    src, _ = P._capture(reference, rows.tokens, [("gate_input", layer)])
-    tgt, _ = P._capture(quantized, rows.tokens, [("up", layer)])
+    src, _ = P.capture(reference, rows.tokens, [("gate_input", layer)])
+    tgt, _ = P.capture(quantized, rows.tokens, [("up", layer)])
     seen = {}
 
     def keep(name):
@@ -235,7 +252,7 @@ def test_clean_corrupt_by_position(tiny64, prompts):
     # (recovery errors: the float32 bound above over the clean-corrupt gap)
     assert table.loc["resid_pre@0 pos2", "recovery"] == pytest.approx(1.0, abs=2 * bound / gap)
     assert table.loc["resid_pre@0 pos1", "recovery"] == pytest.approx(0.0, abs=2 * bound / gap)
-    assert type(res.figure()).__name__ == "Figure"
+    assert type(draw(res)).__name__ == "Figure"
 
 
 @pytest.mark.numerical
@@ -270,7 +287,7 @@ def test_attribution_matches_exact_patching_for_small_differences(rows):
     assert P.rank_agreement(est, exact) > 0.8
     exact_delta = (exact.values - exact.target).mean(dim=1)
     assert torch.corrcoef(torch.stack([est.estimates.mean(dim=1), exact_delta]))[0, 1] > 0.9
-    assert type(est.figure()).__name__ == "Figure"
+    assert type(draw(est)).__name__ == "Figure"
     assert _no_hooks_left(quantized)
 
 
@@ -291,7 +308,7 @@ def test_paper_experiments_on_tiny_models(pair, rows):
     sweep = P.layer_sweep(reference, quantized, rows, components=["down", "gate"], layers=[1, 3])
     assert [p.label for p in sweep.patches] == ["down@1", "down@3", "gate@1", "gate@3"]
     for result in (table, comparison, sweep):
-        assert type(result.figure()).__name__ == "Figure"
+        assert type(draw(result)).__name__ == "Figure"
 
 
 def test_thin_specialisations_and_layer_selection(pair, rows):

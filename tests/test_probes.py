@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import interp
-from interp import hooks as hk
 from interp.data import Examples
 from interp.errors import ComponentError, NonFiniteError
 from interp.probes import ProbeResult, probe, reduce_kurtosis, reduce_norm
+from interp.runtime import hooks as hk
 
 
 def _tokens(n=6, t=12, seed=0):

@@ -189,7 +189,7 @@ def test_kill_9_and_resume_gives_the_uninterrupted_result(tmp_path):
 
 def test_cli_quantize_score_errors_end_to_end(tmp_path, monkeypatch):
     """The three subcommands on a tiny exported model and a small text file."""
-    from interp.cli import main
+    from interp.cli.main import main
     from interp.models import export_hf
 
     monkeypatch.delenv("BROWSER_PATH", raising=False)
@@ -211,6 +211,7 @@ def test_cli_quantize_score_errors_end_to_end(tmp_path, monkeypatch):
     assert settings["calibration"]["split"] == "calibration"
     assert not set(settings["calibration"]["ids"]) & set(errors.index)
     assert set(settings["quantizer_timing"]) == set(errors.columns)
+    assert settings["dtype"] == "float32"  # errors reloads the model in the dtype the scores were made in
     assert main(["errors", "--out", str(out), "--n-boot", "50", "--quiet"]) == 0
     analysis = out / "analysis"
     for name in ("agreement", "split", "norm_correlation", "reversal"):

@@ -46,7 +46,7 @@ def test_report_outputs(quick_report):
     assert pngs and len(pngs) == len(svgs)
     assert all(p.stat().st_size > 5_000 for p in pngs)
     assert (out / "tables" / "reproduction.csv").is_file()
-    from interp.reproduction import CLAIMS, VERDICTS
+    from interp.report.reproduction import CLAIMS, VERDICTS
 
     assert [row["claim"] for row in results["reproduction"]] == [c.claim for c in CLAIMS.values()]
     for row in results["reproduction"]:
@@ -62,9 +62,9 @@ def test_report_outputs(quick_report):
 
 def test_rerun_resumes_without_recomputing(quick_report):
     out, first_seconds = quick_report
-    from interp.report_stages import _all_stages
+    from interp.report.stages import STAGES
 
-    reused = {s.name for s in _all_stages() if s.reuse}  # the others re-read committed files each run
+    reused = {s.name for s in STAGES if s.reuse}  # the others re-read committed files each run
     markers = {p: p.stat().st_mtime_ns for p in (out / "stages").glob("*/done.json") if p.parent.name in reused}
     assert markers
     began = time.time()
@@ -222,7 +222,7 @@ def _fake_report(hostile: str):
     import pandas as pd
     import plotly.graph_objects as go
 
-    from interp.report import ReportSettings, Stage, StageOutput
+    from interp.report.context import ReportSettings, Stage, StageOutput
 
     titled = go.Figure(go.Scatter(x=[0, 1, 2], y=[1, 3, 2], text=[hostile] * 3), layout={"title": {"text": hostile}})
     untitled = go.Figure(go.Bar(x=["a", "b"], y=[1, 2]))
@@ -241,7 +241,7 @@ def _fake_report(hostile: str):
 def test_render_html_escapes_and_captions_without_a_model():
     """The rendering functions alone, on a fake stage: hostile text in titles, notes, cells, column names
     and captions is escaped; every table has a <caption>, every figure a <figcaption> and alt text."""
-    from interp.report import VERDICT_CLASS, _script_safe, _table_html, render_html
+    from interp.report.html import VERDICT_CLASS, _script_safe, _table_html, render_html
 
     settings, stages, outputs, reproduction = _fake_report(HOSTILE)
     page = render_html(settings, stages, outputs, reproduction, {"python": "3"}, 1.5, reference=HOSTILE,
@@ -345,3 +345,34 @@ def test_report_renders_in_headless_chromium(quick_report, single_file_report, t
     shutil.copy(single_file_report, alone / "report.html")
     assert [p.name for p in alone.iterdir()] == ["report.html"]
     _check_page_in_chromium(alone / "report.html", n_figures, tmp_path / "single.png")
+
+
+def test_precision_check_compares_the_report_dtype_with_float32(monkeypatch):
+    """A bf16 report shows how far bf16 moves the reference's per-example NLL, beside the smallest
+    quantization effect; checked against two independent nll() runs of the same tiny model."""
+    import copy
+    from types import SimpleNamespace
+
+    import pandas as pd
+    import torch
+
+    import interp
+    from interp.report.stages import quantization
+
+    full = interp.tiny_model("llama", seed=3)
+    half = copy.deepcopy(full)  # the same weights, in bf16
+    half.original_model.to(torch.bfloat16)
+    rows = interp.Examples.from_tokens(torch.randint(0, 256, (6, 12), generator=torch.Generator().manual_seed(0)))
+    monkeypatch.setattr(quantization.models, "load_model", lambda *a, **k: full)
+    ctx = SimpleNamespace(settings=SimpleNamespace(dtype="bfloat16", model="tiny", device="cpu", batch_size=4),
+                          examples=rows, progress=False)
+    reference = interp.nll(half, rows, batch_size=4)
+    errors = pd.DataFrame({"a": [0.5] * 6, "b": [-0.01, 0.03, 0.02, 0.0, 0.01, 0.01]})
+    table = quantization._precision_check(ctx, reference, errors)
+    expected = (reference.double() - interp.nll(full, rows, batch_size=4).double()).abs()
+    row = table.iloc[0]
+    assert row["mean |difference| (nats)"] == pytest.approx(float(expected.mean()), rel=0, abs=1e-12)
+    assert row["max |difference| (nats)"] == pytest.approx(float(expected.max()), rel=0, abs=1e-12)
+    assert row["mean |difference| (nats)"] > 0  # bf16 really moved the NLL
+    assert row["smallest method"] == "b"
+    assert row["ratio"] == pytest.approx(0.01 / float(expected.mean()), rel=1e-9)

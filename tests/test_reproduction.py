@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import scipy.stats as sps
 
-from interp import reproduction as rp
 from interp.quant import protocol as pr
+from interp.report import reproduction as rp
 from interp.stats import Estimate
 
 M = rp.Measurement
@@ -323,9 +323,9 @@ def test_rtn4_group32_reproduces_the_bundled_reference(smol) -> None:
     """The SmolLM2 reference is GGUF Q4_1 (4-bit, groups of 32, affine, full 0..15 code range):
     min-max RTN at 4 bits and group 32 maps every block linear weight back onto itself."""
 
-    from interp import hooks as hk
     from interp.quant import quantize_weight
-    from interp.reference import describe_reference
+    from interp.quant.reference import describe_reference
+    from interp.runtime import hooks as hk
 
     assert describe_reference("smollm2-135m").startswith("GGUF Q4_1 dequantized to fp32")
     worst, count = 0.0, 0

@@ -7,7 +7,7 @@ import torch
 
 import interp
 from interp.data import Examples
-from interp.scoring import perplexity, token_nll
+from interp.runtime.scoring import perplexity, token_nll
 
 
 def test_token_nll_matches_log_softmax():
@@ -58,7 +58,7 @@ def test_real_perplexity_on_wiki(smol):
 
 def test_nll_follows_registered_hooks_and_weight_edits(tiny_llama):
     """The bridge-free fast path is taken only without hooks; edited weights show through it."""
-    from interp import hooks as hk
+    from interp.runtime import hooks as hk
 
     tokens = torch.randint(0, 256, (3, 16), generator=torch.Generator().manual_seed(1))
     ex = Examples.from_tokens(tokens)

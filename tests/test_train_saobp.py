@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pandas as pd
@@ -13,8 +14,8 @@ from safetensors.torch import load_file
 
 from interp.attention import train
 from interp.attention.train import TIME_COLUMNS, TrainConfig, load_log, run
-from interp.attention.train_figures import beta_figure, entropy_figure, gtd_figure, loss_figure
 from interp.errors import InterpError
+from interp.figures.training import beta_figure, entropy_figure, gtd_figure, loss_figure
 
 # Smaller than TrainConfig.quick() so the resume test (two runs) stays a few seconds.
 TINY = replace(
@@ -38,7 +39,7 @@ def test_log_has_both_models_and_all_metrics(uninterrupted):
     assert sorted(frame["model"].unique()) == ["baseline", "saobp"]
     assert sorted(frame["step"].unique()) == [0, 2, 4, 6]
     for layer in range(TINY.n_layers):
-        for metric in ("entropy", "entropy_norm", "gtd", "sink"):
+        for metric in ("entropy", "entropy_norm", "gtd", "sink", "effective_span"):  # every METRICS entry
             assert frame[f"{metric}_l{layer}"].notna().all()
     saobp_rows = frame[frame["model"] == "saobp"]
     betas = [c for c in frame.columns if c.startswith("beta_l")]
@@ -128,3 +129,20 @@ def test_heldout_loss_is_mean_token_cross_entropy():
     with torch.no_grad():
         expected = model(rows, labels=rows).loss.item()  # HF: mean over all predicted tokens
     assert train.heldout_loss(model, rows, batch_size=2) == pytest.approx(expected, rel=1e-5)
+
+
+def test_bfloat16_forwards_train_a_different_but_sane_run(uninterrupted, tmp_path):
+    """dtype="bfloat16" autocasts the training forwards only: the logged run differs from the
+    float32 one (so the switch really acts), its losses stay finite, held-out evaluation stays
+    float32, and the setting is part of the saved config (a resume cannot mix precisions)."""
+    _, fp32 = uninterrupted
+    frame = run(tmp_path / "bf16", config=TINY, quiet=True, dtype="bfloat16")
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["config"]["dtype"] == "bfloat16"
+    assert frame["heldout_loss"].map(math.isfinite).all()
+    last = frame["step"].max()
+    a = frame[frame["step"] == last]["heldout_loss"].to_numpy()
+    b = fp32[fp32["step"] == last]["heldout_loss"].to_numpy()
+    assert (a != b).any()
+    with pytest.raises(InterpError, match="dtype"):
+        run(tmp_path / "bad", config=TINY, quiet=True, dtype="float16")
+    assert not (tmp_path / "bad").exists()  # refused before anything was written

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from interp.data import Examples
-from interp.tuned_lens import RIDGE, TunedLens, _capture, fit_tuned_lens, tuned_early_exit
+from interp.localize.tuned_lens import RIDGE, TunedLens, capture_layers, fit_tuned_lens, tuned_early_exit
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def rows(tiny_llama):
 def test_fit_matches_numpy_ridge_solution(tiny_llama, rows) -> None:
     lens = fit_tuned_lens(tiny_llama, rows, batch_size=5, progress=False)
     d = tiny_llama.cfg.d_model
-    resids, final = _capture(tiny_llama, rows.tokens, lens.layers)
+    resids, final = capture_layers(tiny_llama, rows.tokens, lens.layers)
     y = final[:, 1:].reshape(-1, d).double().numpy()
     for i, r in enumerate(resids):
         x = np.concatenate([r[:, 1:].reshape(-1, d).double().numpy(), np.ones((y.shape[0], 1))], axis=1)

@@ -33,6 +33,8 @@ from interp.attention.metrics import (
 )
 from interp.attention.saobp import saobp, saobp_hook
 
+# The names interp.attention.trainable exports, listed here so that the package can offer them without
+# importing transformers; tests/test_api_reference.py checks the two lists agree (a deliberate copy).
 _TRAINABLE = (
     "SAOBPConfig",
     "build_llama",

@@ -25,23 +25,17 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
-from interp import hooks as hk
 from interp import validate
-from interp.data import Examples, refuse_padding
+from interp.attention.metrics import METRICS
+from interp.attention.saobp import saobp_hook
+from interp.data import Examples
 from interp.display import ResultDisplay
 from interp.probes import probe
+from interp.runtime import hooks as hk
 
 if TYPE_CHECKING:
     from interp.attention.saobp import Mode
 
-METRICS = ("entropy", "entropy_norm", "gtd", "sink_share", "effective_span")
-LABELS = {
-    "entropy": "entropy (nats)",
-    "entropy_norm": "normalised entropy",
-    "gtd": "GTD",
-    "sink_share": "sink share (mass on BOS)",
-    "effective_span": "effective span exp(H)",
-}
 
 
 @dataclass(frozen=True)
@@ -97,21 +91,11 @@ class AttentionResult(ResultDisplay):
             summary["delta_nll_mean"] = float((nll_saobp - nll_ref).mean())
         return summary
 
-    def figure(self, metric: str = "entropy") -> Any:
-        from interp.figures import metric_by_layer
-
-        return metric_by_layer(self, metric)
-
-    def heatmap(self, metric: str = "entropy", variant: str = "reference") -> Any:
-        from interp.figures import metric_heatmap
-
-        return metric_heatmap(self, metric, variant)
-
 
 def _table(stats: Any, variant: str) -> pd.DataFrame:
     frames = []
     for metric in METRICS:
-        values = stats["pattern", metric].float().mean(dim=1)  # [layers, heads], mean over examples
+        values = stats["pattern", metric].double().mean(dim=1)  # [layers, heads], mean over examples
         n_layers, n_heads = values.shape
         frame = pd.DataFrame({
             "variant": variant,
@@ -137,7 +121,8 @@ def analyze(
 
     Args:
         model: a bridge from :func:`interp.load_model`.
-        examples: token rows.
+        examples: token rows; padded rows (:func:`interp.examples_from_texts`) are honoured: pad
+            queries never enter a mean, and left padding shifts nothing.
         saobp_beta: if given, also measure after inference-time SAOBP with this beta
             (a float or a per-head tensor) on ``layers``.
         layers: layers to analyse and refine (default: all).
@@ -159,10 +144,8 @@ def analyze(
         >>> res.variants, sorted(set(res.table["layer"]))
         (['reference', 'saobp'], [0, 1])
     """
-    from interp.attention.saobp import saobp_hook
 
     layer_list = validate.layer_indices(layers, hk.n_layers(model))
-    refuse_padding(examples, "attention.analyze")
     kwargs: dict[str, Any] = dict(batch_size=batch_size, layers=layer_list, progress=progress)
     reference = probe(model, examples, ["pattern"], list(METRICS), with_nll=with_nll and saobp_beta is not None,
                       **kwargs)
@@ -184,7 +167,6 @@ def analyze(
 def capture_patterns(model: Any, tokens: torch.Tensor, layers: Sequence[int], saobp_beta: float | None = None,
                      mode: Mode = "exact") -> dict[int, torch.Tensor]:
     """Attention patterns ``[head, q, k]`` of one token row at ``layers`` (for attention-map figures)."""
-    from interp.attention.saobp import saobp_hook
 
     layer_list = hk.check_layers(model, layers)
     captured: dict[int, torch.Tensor] = {}

@@ -46,6 +46,9 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 from jaxtyping import Bool
@@ -59,6 +62,8 @@ KeyMask = Bool[Tensor, "... key"]
 QueryMask = Bool[Tensor, "... query"]
 
 __all__ = [
+    "METRICS",
+    "AttentionMetric",
     "effective_span",
     "entropy",
     "gtd",
@@ -346,3 +351,36 @@ def gtd(pattern: Pattern, hops: int = 2, alpha: float = 1.0, *, check: bool = Tr
     # the mixture is a fresh buffer: subtract, abs and halve in place (no 3 extra [.., q, k] copies)
     distance = _walk_mixture(work, hops, alpha).sub_(work).abs_().sum(-1).mul_(0.5)
     return distance.clamp_(0.0, 1.0)
+
+
+# ---------------------------------------------------------------------------------------
+# The metric table: probe reducers, the analysis, its figures, the training logs and the
+# CLI all read this. Adding a metric is one entry here (and its function above).
+
+
+@dataclass(frozen=True)
+class AttentionMetric:
+    """One attention metric: its function, its axis label, and its column stem in training logs.
+
+    ``compute`` maps a pattern ``[..., query, key]`` to ``[..., query]`` without re-checking the
+    values (callers pass the model's own softmax output). Means over queries leave query 0 out
+    when asked (it sees only BOS), and always when ``skip_first_query`` is set (normalised
+    entropy is 0/0 there).
+    """
+
+    name: str
+    label: str
+    compute: Callable[[Tensor], Tensor]
+    log_name: str
+    skip_first_query: bool = False
+
+
+METRICS: dict[str, AttentionMetric] = {metric.name: metric for metric in (
+    AttentionMetric("entropy", "entropy (nats)", partial(entropy, check=False), "entropy"),
+    AttentionMetric("entropy_norm", "normalised entropy", partial(entropy, normalized=True, check=False),
+                    "entropy_norm", skip_first_query=True),
+    AttentionMetric("gtd", "GTD", partial(gtd, check=False), "gtd"),
+    AttentionMetric("sink_share", "sink share (mass on BOS)", partial(sink_share, check=False), "sink"),
+    AttentionMetric("effective_span", "effective span exp(H)", partial(effective_span, check=False),
+                    "effective_span"),
+)}

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from einops import rearrange
 from huggingface_hub.errors import StrictDataclassError
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -163,7 +164,10 @@ def saobp_attention_forward(
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + attention_mask
-    prior = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    # softmax in float32 at least (as eager attention does), and in float64 for a float64 model, whose
+    # rows must then sum to 1 to float64 precision for saobp's check
+    work = torch.float64 if query.dtype == torch.float64 else torch.float32
+    prior = torch.softmax(scores, dim=-1, dtype=work).to(query.dtype)
     captured = getattr(module, "saobp_capture", None)
     if captured is not None:
         captured.append(prior.detach())
@@ -175,7 +179,7 @@ def saobp_attention_forward(
         scores=scores if settings.mode == "first_order" else None,
     )
     mixed = nn.functional.dropout(refined, p=dropout, training=module.training) @ values
-    return mixed.transpose(1, 2).contiguous(), refined
+    return rearrange(mixed, "b h q d -> b q h d").contiguous(), refined
 
 
 def register_saobp_attention() -> None:

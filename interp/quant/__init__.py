@@ -40,13 +40,14 @@ def _methods_getattr(name: str) -> Any:
         return getattr(methods, name)
     raise AttributeError(f"module 'interp.quant' has no attribute {name!r}")
 
+
 # --- whole-model quantization, scoring and analyses (interp.quant.apply / store / analysis) ---
 _LAZY_MODULES = {
     "quantize": "apply", "quantize_cached": "apply", "save_quantized": "apply", "load_quantized": "apply",
     "model_hash": "apply", "QuantInfo": "apply",
     "score": "store", "ScoreStore": "store",
     "agreement": "analysis", "split_large_ctrl": "analysis", "norm_error_correlation": "analysis",
-    "reversal": "analysis",
+    "reversal": "analysis", "error_split": "analysis",
 }
 __all__ += list(_LAZY_MODULES)
 

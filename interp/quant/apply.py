@@ -21,9 +21,14 @@ step      linear layers                        their input
 ========  ===================================  ============================
 
 The inputs are read at the bridge hook points named by
-:func:`interp.hooks.linear_input_hook`; every token position, BOS included, is a
-calibration row. Each block is run on its own (its inputs are kept between blocks), so
-calibration costs about five block forwards per block, not a full model forward.
+:func:`interp.runtime.hooks.linear_input_hook`; every token position, BOS included, is a
+calibration row. Each block is run on its own (its inputs are kept between blocks): one
+forward per calibration batch that pauses at each group's input while the group is
+quantized (:class:`~interp.quant.calibration.PausedBlock`), checked on the first block to
+give the same inputs to the bit as re-running the block from its start for each group
+(about 2.3 block forwards), which is used instead when it does not. Each group's inputs
+are one ``LayerInputs``, so the layers that share them (q, k,
+v; gate, up) share ``X^T X`` and the other statistics the quantizers derive from them.
 
 Quantized models can be saved (:func:`save_quantized`: safetensors of the block weights
 plus JSON provenance) and loaded onto a fresh copy of the reference without redoing the
@@ -58,13 +63,16 @@ from filelock import FileLock
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from interp import hooks
+from interp import models
 from interp.data import Examples, refuse_padding
 from interp.errors import ComponentError, InterpError, SpecError
 from interp.io import ensure_writable_dir, write_json
-from interp.probes import batches, check_examples, show_progress
-from interp.quant.methods import quantize_weight, relative_error
+from interp.models import model_hash  # a model's identity lives with the models; re-exported here
+from interp.quant.calibration import LayerFeeder, OutOfOrder
+from interp.quant.methods import LayerInputs, quantize_weight, relative_error
 from interp.quant.spec import MethodSpec, parse_spec
+from interp.runtime import hooks
+from interp.runtime.batching import check_examples, show_progress
 
 ROLES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 # Linear layers that read the same input, in the order the forward pass reaches them.
@@ -80,7 +88,7 @@ class QuantInfo:
 
     Attributes:
         spec: canonical method spec.
-        reference_hash: :func:`model_hash` of the reference model.
+        reference_hash: :func:`~interp.models.model_hash` of the reference model.
         reference_name: the reference model's name.
         calibration: ``None`` for calibration-free methods, else the calibration set's
             hash, size, length and settings.
@@ -119,34 +127,6 @@ class QuantInfo:
 # Identities (cache keys)
 
 
-def model_hash(model: Any) -> str:
-    """A short identity for a model's weights.
-
-    The SHA-256 of the source file when the model came from one (``model.info.source_hash``),
-    else a digest of every parameter (tiny test models, HF folders).
-
-    Example:
-        >>> import interp
-        >>> from interp.quant import model_hash
-        >>> same = model_hash(interp.tiny_model("llama", seed=0)) == model_hash(interp.tiny_model("llama", seed=0))
-        >>> other = model_hash(interp.tiny_model("llama", seed=0)) == model_hash(interp.tiny_model("llama", seed=1))
-        >>> same, other
-        (True, False)
-    """
-    info = getattr(model, "info", None)
-    source = getattr(info, "source_hash", "") if info is not None else ""
-    if source:
-        return str(source)[:16]
-    from interp.models import canonical_state_dict
-
-    digest = hashlib.sha256()
-    for name, tensor in sorted(canonical_state_dict(model).items()):
-        digest.update(name.encode())
-        digest.update(str(tuple(tensor.shape)).encode())
-        digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
-    return "w" + digest.hexdigest()[:15]
-
-
 def examples_hash(examples: Examples | None) -> str:
     """A short identity for a set of token rows (``"none"`` for ``None``)."""
     if examples is None:
@@ -165,73 +145,6 @@ def _calibration_record(calibration: Examples | None) -> dict[str, Any] | None:
         "seq_len": calibration.seq_len,
         "settings": {k: v for k, v in calibration.settings.items() if isinstance(v, (str, int, float))},
     }
-
-
-# ---------------------------------------------------------------------------------------
-# Calibration activations, one block at a time
-
-
-class _Stop(Exception):
-    """Raised from a hook once the activation it wants is captured: the rest is skipped."""
-
-
-class _LayerFeeder:
-    """Calibration activations entering one block at a time (sequential quantization).
-
-    Holds, per calibration batch, the hidden states entering the current block and the
-    keyword arguments the model passes to every block (causal mask, rotary embeddings),
-    captured once from the first block.
-    """
-
-    def __init__(self, model: Any, tokens: torch.Tensor, batch_size: int) -> None:
-        self.model = model
-        self.block_list = hooks.blocks(model)
-        self.states: list[tuple[torch.Tensor, dict[str, Any]]] = []
-        device = next(model.original_model.parameters()).device
-        captured: dict[str, Any] = {}
-
-        def catch(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            hidden = args[0] if args else kwargs["hidden_states"]
-            rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
-            rest.update(past_key_values=None, use_cache=False)
-            captured["state"] = (hidden.detach(), rest)
-            raise _Stop
-
-        handle = self.block_list[0].register_forward_pre_hook(catch, with_kwargs=True)
-        try:
-            with torch.no_grad():
-                for start, end in batches(len(tokens), batch_size):
-                    try:
-                        model.original_model(input_ids=tokens[start:end].to(device), use_cache=False)
-                    except _Stop:
-                        pass
-                    self.states.append(captured.pop("state"))
-        finally:
-            handle.remove()
-
-    def inputs(self, layer: int, role: str) -> torch.Tensor:
-        """``[n_tokens, d_in]``: the input of linear ``role`` of block ``layer`` on all calibration tokens."""
-        name = hooks.linear_input_hook(self.model, layer, role)
-        chunks: list[torch.Tensor] = []
-
-        def grab(x: torch.Tensor, hook: Any) -> None:
-            chunks.append(x.detach().reshape(x.shape[0] * x.shape[1], -1).float().cpu())
-            raise _Stop
-
-        with torch.no_grad(), self.model.hooks(fwd_hooks=[(name, grab)]):
-            for hidden, kwargs in self.states:
-                try:
-                    self.block_list[layer](hidden, **kwargs)
-                except _Stop:
-                    pass
-        return torch.cat(chunks)
-
-    def advance(self, layer: int) -> None:
-        """Run block ``layer`` (now quantized) so the states enter block ``layer + 1``."""
-        with torch.no_grad():
-            for i, (hidden, kwargs) in enumerate(self.states):
-                out = self.block_list[layer](hidden, **kwargs)
-                self.states[i] = (out[0] if isinstance(out, tuple) else out, kwargs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -311,7 +224,7 @@ def quantize(
     )
     bar = tqdm(total=n, desc=f"quantize {spec.method}{spec.bits}", unit="layer", disable=not show_progress(progress))
     start = time.perf_counter()
-    feeder = _LayerFeeder(qmodel, calibration.tokens, batch_size) if calibration is not None else None
+    feeder = LayerFeeder(qmodel, calibration.tokens, batch_size) if calibration is not None else None
     calibration_seconds = time.perf_counter() - start
     for layer in range(n):
         layer_start = time.perf_counter()
@@ -324,34 +237,117 @@ def quantize(
     return qmodel
 
 
-def _quantize_block(qmodel: Any, layer: int, spec: MethodSpec, feeder: _LayerFeeder | None, info: QuantInfo) -> float:
+def _quantize_block(qmodel: Any, layer: int, spec: MethodSpec, feeder: LayerFeeder | None, info: QuantInfo) -> float:
     """Quantize block ``layer`` in place, sub-layer group by group; returns calibration seconds."""
     slots = hooks.linear_weights(qmodel, layer)
-    calibration_seconds = 0.0
-    for group in SHARED_INPUT_GROUPS:
-        roles = [r for r in group if r in slots]
-        if not roles:
-            continue
-        inputs = None
-        if feeder is not None:
-            tick = time.perf_counter()
-            inputs = feeder.inputs(layer, roles[0])
-            calibration_seconds += time.perf_counter() - tick
-        for role in roles:
-            # [out, in] even where the model stores [in, out] (GPT-2's Conv1D) or fuses q/k/v
-            # or gate/up in one matrix: each logical matrix is quantized on its own
-            weight = slots[role].read().detach()
-            tick = time.perf_counter()
-            quantized = quantize_weight(weight, spec, inputs)
-            info.role_seconds[role] = info.role_seconds.get(role, 0.0) + time.perf_counter() - tick
-            info.relative_errors[f"{layer}.{role}"] = relative_error(weight, quantized)
-            slots[role].write(quantized)
-        del inputs
-    if feeder is not None:
+    groups = [roles for group in SHARED_INPUT_GROUPS if (roles := [r for r in group if r in slots])]
+    if feeder is None:
+        for roles in groups:
+            _quantize_group(slots, roles, layer, spec, None, info)
+        return 0.0
+    if feeder.pauses is None:
+        seconds, outputs = _first_calibrated_block(feeder, slots, groups, layer, spec, info)
+    elif feeder.pauses:
+        seconds, outputs = _calibrated_block_paused(feeder, slots, groups, layer, spec, info)
+    else:
+        seconds, outputs = _calibrated_block_rerun(feeder, slots, groups, layer, spec, info)
+    feeder.advance(layer, outputs)
+    return seconds
+
+
+def _quantize_group(slots: dict[str, Any], roles: list[str], layer: int, spec: MethodSpec, inputs: Any,
+                    info: QuantInfo) -> None:
+    """Quantize the linear layers ``roles`` of one block, which read one input (``inputs``: its LayerInputs)."""
+    for role in roles:
+        # [out, in] even where the model stores [in, out] (GPT-2's Conv1D) or fuses q/k/v
+        # or gate/up in one matrix: each logical matrix is quantized on its own
+        weight = slots[role].read().detach()
         tick = time.perf_counter()
-        feeder.advance(layer)
-        calibration_seconds += time.perf_counter() - tick
-    return calibration_seconds
+        quantized = quantize_weight(weight, spec, inputs)
+        info.role_seconds[role] = info.role_seconds.get(role, 0.0) + time.perf_counter() - tick
+        info.relative_errors[f"{layer}.{role}"] = relative_error(weight, quantized)
+        slots[role].write(quantized)
+
+
+def _layer_inputs(X: torch.Tensor, spec: MethodSpec) -> LayerInputs:
+    """One group's calibration inputs, checked once and shared by its layers (their X^T X, mean |x|, ...)."""
+    return LayerInputs.checked(X, X.shape[-1], spec.method)
+
+
+def _calibrated_block_paused(feeder: LayerFeeder, slots: dict[str, Any], groups: list[list[str]], layer: int,
+                             spec: MethodSpec, info: QuantInfo, record: list[torch.Tensor] | None = None,
+                             ) -> tuple[float, list[torch.Tensor]]:
+    """One forward of the block per batch, paused at each group's input.
+
+    See :class:`~interp.quant.calibration.PausedBlock`.
+    """
+    seconds = 0.0
+    with feeder.paused(layer, groups) as block:
+        for index, roles in enumerate(groups):
+            tick = time.perf_counter()
+            X = block.inputs(index)
+            seconds += time.perf_counter() - tick
+            if record is not None:
+                record.append(X)
+            _quantize_group(slots, roles, layer, spec, _layer_inputs(X, spec), info)
+        tick = time.perf_counter()
+        outputs = block.outputs()
+        seconds += time.perf_counter() - tick
+    return seconds, outputs
+
+
+def _calibrated_block_rerun(feeder: LayerFeeder, slots: dict[str, Any], groups: list[list[str]], layer: int,
+                            spec: MethodSpec, info: QuantInfo) -> tuple[float, list[torch.Tensor]]:
+    """The block re-run from its start for each group's input, and once more for its output."""
+    seconds = 0.0
+    for roles in groups:
+        tick = time.perf_counter()
+        X = feeder.inputs(layer, roles[0])
+        seconds += time.perf_counter() - tick
+        _quantize_group(slots, roles, layer, spec, _layer_inputs(X, spec), info)
+    tick = time.perf_counter()
+    outputs = feeder.outputs(layer)
+    return seconds + time.perf_counter() - tick, outputs
+
+
+def _first_calibrated_block(feeder: LayerFeeder, slots: dict[str, Any], groups: list[list[str]], layer: int,
+                            spec: MethodSpec, info: QuantInfo) -> tuple[float, list[torch.Tensor]]:
+    """The paused forward on the first block, checked bit for bit against re-running it; the re-run if they differ.
+
+    The check re-runs the block up to each group's input with the groups before it
+    quantized and the others not (their weights as they were), then the whole quantized
+    block, and compares every input and output. It decides :attr:`LayerFeeder.pauses` for
+    the remaining blocks (a block that computes a group's linear layers before it reaches
+    their input hook would fail it).
+    """
+    roles = [role for group in groups for role in group]
+    originals = {role: slots[role].read().detach().clone() for role in roles}
+    recorded: list[torch.Tensor] = []
+    try:
+        seconds, outputs = _calibrated_block_paused(feeder, slots, groups, layer, spec, info, record=recorded)
+        feeder.pauses = _replays(feeder, slots, groups, layer, originals, recorded, outputs)
+    except OutOfOrder:  # the block reached the groups' inputs out of order
+        feeder.pauses = False
+    if feeder.pauses:
+        return seconds, outputs
+    for role in roles:
+        slots[role].write(originals[role])
+    return _calibrated_block_rerun(feeder, slots, groups, layer, spec, info)
+
+
+def _replays(feeder: LayerFeeder, slots: dict[str, Any], groups: list[list[str]], layer: int,
+             originals: dict[str, torch.Tensor], recorded: list[torch.Tensor], outputs: list[torch.Tensor]) -> bool:
+    """Whether re-running the block gives the paused forward's inputs and outputs to the bit (weights restored)."""
+    quantized = {role: slots[role].read().detach().clone() for role in originals}
+    same = True
+    for index, roles in enumerate(groups):
+        for position, group in enumerate(groups):
+            for role in group:
+                slots[role].write(quantized[role] if position < index else originals[role])
+        same = same and torch.equal(feeder.inputs(layer, roles[0]), recorded[index])
+    for role, weight in quantized.items():
+        slots[role].write(weight)
+    return same and all(torch.equal(a, b) for a, b in zip(feeder.outputs(layer), outputs, strict=True))
 
 
 def _label(qmodel: Any, reference: Any, info: QuantInfo) -> None:
@@ -518,9 +514,7 @@ def quantize_cached(
         >>> bool(torch.equal(first(tokens), again(tokens)))
         True
     """
-    from interp.models import cache_dir as default_cache
-
-    root = ensure_writable_dir(Path(cache_dir) if cache_dir is not None else default_cache() / "quantized")
+    root = ensure_writable_dir(Path(cache_dir) if cache_dir is not None else models.cache_dir() / "quantized")
     spec = parse_spec(spec)
     folder = root / cache_key(reference, spec, calibration)
     # One process quantizes; another asking for the same model waits, then loads its result.

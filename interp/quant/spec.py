@@ -1,4 +1,4 @@
-"""Method specs: the short strings that name a weight quantizer and its settings.
+"""Method specs: the short strings that name a weight quantizer and its settings, and the registry of quantizers.
 
 A spec is ``method:key=value,key=value``, for example ``gptq:bits=3,group=64`` or
 ``nf:bits=4``. The CLI and the API accept the same strings, and results record the
@@ -11,66 +11,82 @@ included) in a fixed order::
     True
 
 ``bits`` is required; ``group`` (the number of consecutive input-dimension weights
-that share one scale) defaults to 64. The other options depend on the method:
+that share one scale) defaults to 64. Which bit widths and which other options a method
+takes is said by its :class:`Quantizer` record: every public module of
+:mod:`interp.quant.methods` is one quantizer and defines one, ``QUANTIZER``, and
+:data:`METHODS` collects them (:func:`describe_methods` prints the table). Adding a
+quantizer is adding one such module; nothing here names a method.
 
-=======  ===========  ===========================================================
-method   bits         options (default first)
-=======  ===========  ===========================================================
-rtn      2-8          ``zero=float|int`` (float or integer zero-point)
-nf       3, 4         none
-hqq      2-6, 8       ``optimize=1|0`` (the hqq package has no 7-bit mode)
-gptq     2-8          ``damp=0.01``, ``act_order=1|0``, ``block=128``
-awq      2-8          ``grid=20`` (number of alpha values tried in [0, 1])
-=======  ===========  ===========================================================
-
-This module is pure Python and cheap to import; the quantizers themselves live in
-:mod:`interp.quant.methods`.
+This module is pure Python and cheap to import, and so are the quantizer modules until a
+quantizer runs, so parsing a spec (which the CLI does while it reads its options) never
+loads torch.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
-from collections.abc import Callable, Mapping
+import pkgutil
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from interp.errors import SpecError
 
-__all__ = ["METHODS", "MethodSpec", "MethodSyntax", "Option", "parse_spec"]
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = ["DEFAULT_GROUP", "METHODS", "MethodSpec", "Option", "Quantizer", "describe_methods", "parse_spec",
+           "split_specs"]
 
 OptionValue = int | float | str
 DEFAULT_GROUP = 64
+QUANTIZER_PACKAGE = "interp.quant.methods"
 
 
-def _parse_flag(text: str) -> int:
+# ---------------------------------------------------------------------------------------
+# Option parsers a quantizer's record can use (text in, value out, ValueError when refused)
+
+
+def flag(text: str) -> int:
+    """``"0"`` or ``"1"``."""
     if text not in ("0", "1"):
         raise ValueError
     return int(text)
 
 
-def _parse_positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
     value = int(text)
     if value < 1:
         raise ValueError
     return value
 
 
-def _parse_damp(text: str) -> float:
+def non_negative_float(text: str) -> float:
+    """A finite float >= 0."""
     value = float(text)
     if not math.isfinite(value) or value < 0:
         raise ValueError
     return value
 
 
-def _parse_zero_kind(text: str) -> str:
-    if text not in ("float", "int"):
-        raise ValueError
-    return text
+def one_of(*choices: str) -> Callable[[str], str]:
+    """One of ``choices``, as given."""
+
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError
+        return text
+
+    return parse
 
 
 @dataclass(frozen=True)
 class Option:
-    """One method-specific option: its default, what it accepts, and its parser."""
+    """One method-specific option: its default, what it accepts (for error messages), and its parser."""
 
     default: OptionValue
     accepts: str  # shown in error messages, e.g. "0 or 1"
@@ -78,62 +94,128 @@ class Option:
 
 
 @dataclass(frozen=True)
-class MethodSyntax:
-    """What a spec for one method may say. Adding a method is one entry in METHODS."""
+class Quantizer:
+    """The registry record of one quantizer, defined as ``QUANTIZER`` by its module in :mod:`interp.quant.methods`.
 
+    Attributes:
+        name: the method name in specs; must be the module's name.
+        quantize: ``(W, spec, X) -> W_hat``: a float32 ``[d_out, d_in]`` weight on the CPU, the
+            parsed :class:`~interp.quant.spec.MethodSpec`, and the layer's checked calibration
+            inputs (a ``LayerInputs``; None when
+            ``needs_calibration`` is False) to the float32 dequantized weight. Input checks are
+            done before it is called.
+        bits: the bit widths a spec may ask for.
+        options: option name -> :class:`~interp.quant.spec.Option`, in the order the canonical spec writes them.
+        needs_calibration: whether the method needs the layer's inputs on calibration text.
+        summary: one line for help texts.
+        report_bits: the bit widths the default ``interp report`` runs it at (the papers' protocol:
+            3-bit methods, and the 4-bit ones that re-grid onto the reference's 4-bit grid).
+        quick_bits: the bit widths ``interp report --quick`` runs it at (calibration-free methods only).
+        report_rank: where the report lists it, simplest grid first.
+
+    Example:
+        >>> record = METHODS["gptq"]
+        >>> record.needs_calibration, record.defaults()
+        (True, {'damp': 0.01, 'act_order': 1, 'block': 128})
+    """
+
+    name: str
+    quantize: Callable[[Tensor, MethodSpec, Any], Tensor]  # the third argument: LayerInputs | None
     bits: tuple[int, ...]
     options: Mapping[str, Option] = field(default_factory=dict)
     needs_calibration: bool = False
     summary: str = ""
+    report_bits: tuple[int, ...] = ()
+    quick_bits: tuple[int, ...] = ()
+    report_rank: int = 100
 
     def bits_text(self) -> str:
         return ", ".join(str(b) for b in self.bits)
 
+    def defaults(self) -> dict[str, OptionValue]:
+        return {name: option.default for name, option in self.options.items()}
 
-_FLAG = "0 or 1"
-_TWO_TO_EIGHT = tuple(range(2, 9))
 
-METHODS: Mapping[str, MethodSyntax] = MappingProxyType(
-    {
-        "rtn": MethodSyntax(
-            bits=_TWO_TO_EIGHT,
-            options={"zero": Option("float", "float or int", _parse_zero_kind)},
-            summary="round-to-nearest, asymmetric min-max per group",
-        ),
-        "nf": MethodSyntax(
-            bits=(3, 4),
-            summary="NormalFloat codebook, absmax per group",
-        ),
-        "hqq": MethodSyntax(
-            bits=(2, 3, 4, 5, 6, 8),
-            options={"optimize": Option(1, _FLAG, _parse_flag)},
-            summary="half-quadratic quantization via the hqq package",
-        ),
-        "gptq": MethodSyntax(
-            bits=_TWO_TO_EIGHT,
-            options={
-                "damp": Option(0.01, "a float >= 0", _parse_damp),
-                "act_order": Option(1, _FLAG, _parse_flag),
-                "block": Option(128, "an integer >= 1", _parse_positive_int),
-            },
-            needs_calibration=True,
-            summary="Hessian-aware rounding with error feedback",
-        ),
-        "awq": MethodSyntax(
-            bits=_TWO_TO_EIGHT,
-            options={"grid": Option(20, "an integer >= 1", _parse_positive_int)},
-            needs_calibration=True,
-            summary="activation-aware per-channel scaling, then RTN",
-        ),
-    }
-)
+# ---------------------------------------------------------------------------------------
+# The registry
+
+
+@functools.cache
+def _discover() -> Mapping[str, Quantizer]:
+    """Every public module of :mod:`interp.quant.methods`, by name, with its ``QUANTIZER`` record.
+
+    Modules whose names start with an underscore hold shared helpers and are skipped.
+    """
+    package = importlib.import_module(QUANTIZER_PACKAGE)
+    found: dict[str, Quantizer] = {}
+    for info in pkgutil.iter_modules(package.__path__):  # sorted by name
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{QUANTIZER_PACKAGE}.{info.name}")
+        record = getattr(module, "QUANTIZER", None)
+        if not isinstance(record, Quantizer) or record.name != info.name:
+            raise TypeError(f"{module.__name__} must define QUANTIZER = Quantizer(name={info.name!r}, ...)")
+        found[info.name] = record
+    return MappingProxyType(found)
+
+
+class _Registry(Mapping[str, Quantizer]):
+    """Method name -> :class:`Quantizer`, read from :mod:`interp.quant.methods` on first use.
+
+    Lazy because the quantizer modules import this module for :class:`Quantizer` and :class:`Option`.
+    """
+
+    def __getitem__(self, name: str) -> Quantizer:
+        return _discover()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_discover())
+
+    def __len__(self) -> int:
+        return len(_discover())
+
+    def __repr__(self) -> str:
+        return f"METHODS({', '.join(self)})"
+
+
+METHODS: Mapping[str, Quantizer] = _Registry()
+
+
+def report_specs(quick: bool = False, group: int = 64) -> tuple[str, ...]:
+    """The method specs ``interp report`` runs by default (or with ``--quick``), read from the registry.
+
+    Example:
+        >>> report_specs(quick=True)
+        ('rtn:bits=3,group=64', 'rtn:bits=4,group=64', 'nf:bits=3,group=64')
+    """
+    ranked = sorted(METHODS.values(), key=lambda record: (record.report_rank, record.name))
+    return tuple(f"{record.name}:bits={bits},group={group}" for record in ranked
+                 for bits in (record.quick_bits if quick else record.report_bits))
+
+
+def describe_methods() -> str:
+    """One line per registered method: its name, bit widths, options with defaults, and summary.
+
+    Example:
+        >>> print(describe_methods().splitlines()[0])
+        awq   bits 2-8                grid=20 (calibrated): activation-aware per-channel scaling, then RTN
+    """
+    lines = []
+    for name, record in METHODS.items():
+        bits = record.bits
+        contiguous = len(bits) > 2 and bits == tuple(range(bits[0], bits[-1] + 1))
+        span = f"{bits[0]}-{bits[-1]}" if contiguous else record.bits_text()
+        options = ",".join(f"{key}={value}" for key, value in record.defaults().items()) or "-"
+        calibrated = " (calibrated)" if record.needs_calibration else ""
+        lines.append(f"{name:<5} bits {span:<18} {options}{calibrated}: {record.summary}")
+    return "\n".join(lines)
 
 
 def _valid_methods() -> str:
-    return ", ".join(f"{name} (bits {syntax.bits_text()})" for name, syntax in METHODS.items())
+    return ", ".join(f"{name} (bits {record.bits_text()})" for name, record in METHODS.items())
 
 
-def _syntax(method: str) -> MethodSyntax:
+def _record(method: str) -> Quantizer:
     try:
         return METHODS[method]
     except KeyError:
@@ -169,19 +251,19 @@ class MethodSpec:
                             f"valid methods: {_valid_methods()}")
         if not isinstance(self.params, Mapping):
             raise SpecError(f"params must be a mapping of option names to values, got {type(self.params).__name__}")
-        syntax = _syntax(self.method)
+        record = _record(self.method)
         if isinstance(self.bits, bool) or not isinstance(self.bits, int):
             raise SpecError(f"bits must be an integer, got {self.bits!r}")
-        if self.bits not in syntax.bits:
-            raise SpecError(f"{self.method} supports bits {syntax.bits_text()}, got bits={self.bits}")
+        if self.bits not in record.bits:
+            raise SpecError(f"{self.method} supports bits {record.bits_text()}, got bits={self.bits}")
         if isinstance(self.group, bool) or not isinstance(self.group, int) or self.group < 1:
             raise SpecError(f"group must be an integer >= 1, got {self.group!r}")
-        unknown = sorted(set(self.params) - set(syntax.options))
+        unknown = sorted(set(self.params) - set(record.options))
         if unknown:
             raise SpecError(f"unknown option {unknown[0]!r} for {self.method}; valid keys: {_valid_keys(self.method)}")
         full = {
             name: _checked_value(self.method, name, option, self.params.get(name, option.default))
-            for name, option in syntax.options.items()
+            for name, option in record.options.items()
         }
         object.__setattr__(self, "params", MappingProxyType(full))
 
@@ -198,7 +280,7 @@ class MethodSpec:
 
     @property
     def needs_calibration(self) -> bool:
-        """True for methods that need activations of the layer (gptq, awq)."""
+        """True for methods that need the layer's inputs on calibration text (their record says so)."""
         return METHODS[self.method].needs_calibration
 
 
@@ -236,14 +318,14 @@ def parse_spec(spec: str | MethodSpec) -> MethodSpec:
         raise SpecError(f"a method spec must be a string like 'rtn:bits=4,group=64', got {type(spec).__name__}")
     method, _, body = spec.strip().partition(":")
     method = method.strip().lower()
-    syntax = _syntax(method)
+    record = _record(method)
     pairs = _split_pairs(method, body)
     if "bits" not in pairs:
         raise SpecError(
-            f"spec {spec!r} has no bits; write e.g. '{method}:bits={syntax.bits[-1]}' "
-            f"({method} supports bits {syntax.bits_text()})"
+            f"spec {spec!r} has no bits; write e.g. '{method}:bits={record.bits[-1]}' "
+            f"({method} supports bits {record.bits_text()})"
         )
-    bits = _parse_int_field(method, "bits", pairs.pop("bits"), f"one of {syntax.bits_text()}")
+    bits = _parse_int_field(method, "bits", pairs.pop("bits"), f"one of {record.bits_text()}")
     group = DEFAULT_GROUP
     if "group" in pairs:
         group = _parse_int_field(method, "group", pairs.pop("group"), "an integer >= 1")
@@ -276,3 +358,23 @@ def _parse_int_field(method: str, name: str, text: str, accepts: str) -> int:
         return int(text)
     except ValueError:
         raise SpecError(f"{method} {name} must be {accepts}, got {text!r}") from None
+
+
+def split_specs(text: str) -> list[str]:
+    """Split a list of specs: ``;``/whitespace separate them, and so does a ``,`` before a method name.
+
+    The items are not checked (see :func:`parse_spec`); a ``,`` followed by a registered
+    method name and ``:`` starts a new spec, any other ``,`` continues the current one.
+
+    >>> split_specs("rtn:bits=3,group=64,gptq:bits=3;nf:bits=4")
+    ['rtn:bits=3,group=64', 'gptq:bits=3', 'nf:bits=4']
+    """
+    specs: list[str] = []
+    for chunk in text.replace(";", " ").split():
+        for item in chunk.split(","):
+            head = item.split(":", 1)[0].strip().lower()
+            if not specs or (":" in item and head in METHODS):
+                specs.append(item)
+            else:
+                specs[-1] += "," + item
+    return [s for s in specs if s]

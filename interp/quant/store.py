@@ -1,12 +1,12 @@
 """Per-example quantization error, scored into a store that survives being killed.
 
 ``error(x) = NLL(x; quantized) - NLL(x; reference)``, where ``NLL`` is the mean next-token
-negative log-likelihood of example ``x`` (see :mod:`interp.scoring`). :func:`score`
+negative log-likelihood of example ``x`` (see :mod:`interp.runtime.scoring`). :func:`score`
 computes it for many method specs over one set of examples and keeps every per-example
 NLL in a :class:`ScoreStore`:
 
 - **Storage.** One SQLite file in WAL mode. Table ``scores`` is keyed by
-  ``(model, spec, example)`` (``model`` is the reference's :func:`~interp.quant.apply.model_hash`;
+  ``(model, spec, example)`` (``model`` is the reference's :func:`~interp.models.model_hash`;
   the reference itself is the spec ``"reference"``) and holds ``nll`` and, when asked, ``kl``.
 - **Atomic batches.** Each batch of examples is written in one transaction, together with
   a row in the ``batches`` log. A killed run loses at most the batch in flight.
@@ -49,10 +49,11 @@ from tqdm.auto import tqdm
 from interp import validate
 from interp.data import Examples
 from interp.errors import InterpError, NonFiniteError, SpecError
-from interp.probes import batches, check_examples, show_progress
+from interp.io import atomic_write_bytes, ensure_writable_dir
 from interp.quant.apply import model_hash, quantize_cached
 from interp.quant.spec import MethodSpec, parse_spec
-from interp.scoring import (
+from interp.runtime.batching import batches, check_examples, show_progress
+from interp.runtime.scoring import (
     fast_forward,
     mask_kwargs,
     model_logits,
@@ -146,8 +147,6 @@ class ScoreStore:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.path = path
         else:
-            from interp.io import ensure_writable_dir
-
             self.path = ensure_writable_dir(path) / STORE_FILE
         self.folder = self.path.parent
         try:
@@ -322,8 +321,6 @@ class ScoreStore:
         """Store one batch's per-token NLL ``[B, T-1]`` (float32) as one parquet file, atomically."""
         import hashlib
         import io
-
-        from interp.io import atomic_write_bytes
 
         folder = self._token_dir(model, spec)
         folder.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,225 @@
+"""Early-exit, restoration and patching subcommands: ``interp lens`` and ``interp patch``.
+
+Both start the same way: load the reference model and eval examples, quantize a copy with
+``--method`` (cached on disk), score both models on the examples, and pick D_large (the
+highest-error examples, deduplicated) and D_ctrl with
+:func:`interp.quant.analysis.split_large_ctrl`. Then:
+
+- ``interp lens`` runs early exit for {reference, quantized} x {D_large, D_ctrl} and the
+  top-k layer restoration curve on D_large;
+- ``interp patch`` runs the paper's patching table (upper half, all positions), gate input
+  against gate weights, and optionally the per-layer sweep.
+
+Every experiment writes ``<name>.csv`` and ``<name>.html`` into ``--out``, plus ``split.csv``
+(the per-example errors and sets) and ``settings.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from interp.cli.common import (
+    add_checks,
+    add_model_data,
+    check_out,
+    command,
+    float_in,
+    int_at_least,
+    int_list,
+    name_list,
+    parse_ints,
+    set_threads,
+)
+from interp.cli.quant import spec_type
+from interp.quant.spec import report_specs
+
+DEFAULT_METHOD = report_specs(quick=True)[0]  # the registry's simplest 3-bit spec
+LENS_EXPERIMENTS = ("early-exit", "restoration")
+PATCH_EXPERIMENTS = ("table", "gate-input", "sweep", "attribution")
+LAYER_SETS = ("upper_half", "lower_half", "all")
+
+
+def _common(p: argparse.ArgumentParser, out: str) -> None:
+    add_model_data(p, n=64, seq_len=128)
+    p.add_argument("--method", default=DEFAULT_METHOD, type=spec_type,
+                   help="quantization method spec, e.g. gptq:bits=3,group=64")
+    p.add_argument("--calibration-n", type=int_at_least(1), default=64, help="calibration examples (gptq, awq)")
+    p.add_argument("--top", type=float_in(0, 1, low_open=True), default=0.10,
+                   help="D_large: this fraction (0 < top <= 1) of the highest-error examples")
+    p.add_argument("--threads", type=int_at_least(1), default=None, help="torch CPU threads")
+    p.add_argument("--out", default=out, help="output folder")
+    add_checks(p, check_out)
+
+
+def _experiments(text: str) -> list[str]:
+    return text.split(",")
+
+
+def prepare_pair(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    """Reference, quantized copy, eval examples and the D_large/D_ctrl split from CLI options."""
+    import pandas as pd
+
+    import interp
+    from interp.cli.common import load_model_and_examples
+    from interp.quant import parse_spec
+    from interp.quant.analysis import split_large_ctrl
+    from interp.quant.apply import quantize_cached
+
+    set_threads(args)
+    spec = parse_spec(args.method)
+    reference, examples = load_model_and_examples(args)
+    calibration = None
+    if spec.needs_calibration:
+        calibration = interp.load_examples(args.data, reference.tokenizer, n=args.calibration_n,
+                                           seq_len=args.seq_len, seed=args.seed, split="calibration")
+    quantized = quantize_cached(reference, spec, calibration=calibration, progress=not args.quiet and None)
+    progress = not args.quiet and None
+    errors = pd.Series((interp.nll(quantized, examples, args.batch_size, progress)
+                        - interp.nll(reference, examples, args.batch_size, progress)).double().numpy(),
+                       index=examples.ids, name=str(spec))
+    split = split_large_ctrl(errors, examples, top=args.top, seed=args.seed)
+    return reference, quantized, examples, split
+
+
+def _write(out: Path, name: str, table: Any, figure: Any) -> None:
+    table.to_csv(out / f"{name}.csv", index=False)
+    figure.write_html(out / f"{name}.html", include_plotlyjs="directory", full_html=True)
+
+
+def _show(title: str, table: Any) -> None:
+    import pandas as pd
+
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 40,
+                           "display.float_format", "{:.3f}".format):
+        print(f"\n{title}\n{table}")
+
+
+def _save_settings(out: Path, args: argparse.Namespace, reference: Any, examples: Any, split: Any,
+                   seconds: float) -> None:
+    from interp.io import write_json
+
+    split.to_frame().to_csv(out / "split.csv")
+    write_json(out / "settings.json", {
+        "command": args.command, "model": args.model, "method": args.method, "examples": examples.settings,
+        "split": split.to_dict(), "model_info": reference.info.to_dict(), "seconds": seconds,
+        "batch_size": args.batch_size, "experiments": args.experiments,
+    })
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def _lens_args(p: argparse.ArgumentParser) -> None:
+    _common(p, "reports/lens")
+    p.add_argument("--experiments", default=",".join(LENS_EXPERIMENTS),
+                   type=name_list("experiment", lambda: LENS_EXPERIMENTS),
+                   help=f"comma-separated, from: {', '.join(LENS_EXPERIMENTS)}")
+    p.add_argument("--at", default="resid_post", choices=_exit_points(), help="residual to decode")
+    p.add_argument("--ks", default=None, type=int_list(low=0),
+                   help="restoration: comma-separated numbers (>= 0) of top blocks (default 0..L)")
+
+
+@command("lens", "early exit (logit lens) per layer and top-k layer restoration, reference vs quantized", _lens_args)
+def cmd_lens(args: argparse.Namespace) -> int:
+    from interp.figures import draw
+    from interp.io import ensure_writable_dir
+    from interp.localize import lens, restoration
+
+    experiments = _experiments(args.experiments)
+    out = ensure_writable_dir(args.out)
+    start = time.time()
+    reference, quantized, examples, split = prepare_pair(args)
+    progress = not args.quiet and None
+    if "early-exit" in experiments:
+        curves = lens.early_exit_curves({"reference": reference, "quantized": quantized},
+                                        {"D_large": split.large, "D_ctrl": split.ctrl}, at=args.at,
+                                        batch_size=args.batch_size, progress=progress)
+        table = curves.table().reset_index()
+        _write(out, "early_exit", table, draw(curves))
+        _show(f"Early exit ({args.at}); split layer on D_large: {curves.split_layer('D_large')}", table)
+    if "restoration" in experiments:
+        ks = parse_ints(args.ks) if args.ks else None
+        restored = restoration.restoration_sweep(quantized, reference, split.large, ks=ks,
+                                                 batch_size=args.batch_size, progress=progress)
+        _write(out, "restoration", restored.table(), draw(restored))
+        _show("Layer restoration on D_large", restored.table())
+    _save_settings(out, args, reference, examples, split, time.time() - start)
+    print(f"\nD_large {len(split.large)} / D_ctrl {len(split.ctrl)} of {len(examples)} examples, "
+          f"{time.time() - start:.0f} s. Saved to {out}/")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def _patch_args(p: argparse.ArgumentParser) -> None:
+    _common(p, "reports/patch")
+    p.add_argument("--experiments", default="table,gate-input",
+                   type=name_list("experiment", lambda: PATCH_EXPERIMENTS),
+                   help=f"comma-separated, from: {', '.join(PATCH_EXPERIMENTS)}")
+    p.add_argument("--layers", default="upper_half", type=int_list(keywords=LAYER_SETS),
+                   help="table, gate-input and sweep layers: upper_half, lower_half, all, or e.g. 15,16,17")
+    p.add_argument("--components", default="attn_out,gate,up,down,gate_input",
+                   type=name_list("component", _patchable),
+                   help=f"table and sweep components, comma-separated, from: {', '.join(_patchable())}")
+    p.add_argument("--max-rows", type=int_at_least(1), default=64,
+                   help="most rows (examples x stacked patches) per forward")
+
+
+def _patchable() -> tuple[str, ...]:
+    from interp.localize.patching import PATCHABLE
+
+    return PATCHABLE
+
+
+def _exit_points() -> tuple[str, ...]:
+    from typing import get_args
+
+    from interp.localize.lens import ExitPoint
+
+    return tuple(get_args(ExitPoint))
+
+
+def _layers(text: str) -> Any:
+    return text if text in LAYER_SETS else parse_ints(text)
+
+
+@command("patch", "cross-model activation patching: reference components into the quantized model", _patch_args)
+def cmd_patch(args: argparse.Namespace) -> int:
+    from interp.figures import draw
+    from interp.io import ensure_writable_dir
+    from interp.localize import patching
+
+    experiments = _experiments(args.experiments)
+    out = ensure_writable_dir(args.out)
+    start = time.time()
+    reference, quantized, examples, split = prepare_pair(args)
+    components = [c.strip() for c in args.components.split(",") if c.strip()]
+    engine = {"batch_size": args.batch_size, "max_rows": args.max_rows, "progress": not args.quiet and None}
+    d_large = split.large
+    if "table" in experiments:
+        result = patching.patching_table(reference, quantized, d_large, _layers(args.layers), components, **engine)
+        _write(out, "patching_table", result.table(), draw(result))
+        _show("Patching table (recovery = fraction of the perplexity gap closed)", result.table())
+    if "gate-input" in experiments:
+        comparison = patching.gate_input_vs_gate_weights(reference, quantized, d_large, _layers(args.layers), **engine)
+        _write(out, "gate_input_vs_weights", comparison.table(), draw(comparison))
+        _show("Gate input vs gate weights", comparison.table())
+    sweep = None
+    if "sweep" in experiments:
+        sweep = patching.layer_sweep(reference, quantized, d_large, components, _layers(args.layers), **engine)
+        _write(out, "layer_sweep", sweep.table(), draw(sweep))
+        _show("Per-layer sweep", sweep.table())
+    if "attribution" in experiments:
+        estimate = patching.attribution(quantized, reference, d_large, components,
+                                        batch_size=max(1, args.batch_size // 2), progress=engine["progress"])
+        _write(out, "attribution", estimate.table(), draw(estimate))
+        if sweep is not None:
+            rho = patching.rank_agreement(estimate, sweep)
+            print(f"\nAttribution vs exact sweep, Spearman rank correlation: {rho:.3f}")
+    _save_settings(out, args, reference, examples, split, time.time() - start)
+    print(f"\nD_large {len(d_large)} of {len(examples)} examples, {time.time() - start:.0f} s. Saved to {out}/")
+    return 0

@@ -1,0 +1,186 @@
+"""The ``interp`` command line.
+
+Each subcommand is a thin wrapper over the Python API: it parses options, calls one
+function, and writes tables (CSV/parquet), JSON and figures into ``--out``.
+
+Every argument is checked before a model loads: numbers are parsed and range-checked by
+their argparse ``type``, name lists are checked against the registries that define the
+names (with a "did you mean"), and each command's ``checks`` (model source, model cache,
+``--data`` file, output folders) run before the command itself. Errors in interp's own
+words are printed as one line and exit with status 2; an unexpected exception prints one
+line and the path of a log file holding its traceback, and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sqlite3
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from interp import __version__
+from interp.cli import attention, lens, probe, quant, report
+from interp.cli.common import COMMANDS, HelpFormatter, unknown_name
+from interp.errors import InterpError
+
+DESCRIPTION = (
+    "Attention localization (entropy, GTD, SAOBP) and low-bit quantization error analysis of small "
+    "language models, offline. Each command loads a model and text, runs one analysis, and writes "
+    "tables, JSON and figures into --out. Run 'interp COMMAND --help' for a command's options. "
+    "Bad input exits with status 2 and one line saying what to fix."
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Argument types: each parses one value or raises ArgumentTypeError (argparse: exit 2)
+
+
+# ---------------------------------------------------------------------------------------
+# Checks that run after parsing and before any model loads
+
+
+# ---------------------------------------------------------------------------------------
+# Shared options
+
+
+# ---------------------------------------------------------------------------------------
+# interp probe
+
+# The command groups, in the order ``interp --help`` lists them; importing each registers its commands.
+GROUPS = (probe, attention, quant, lens, report)
+
+
+def _ordered() -> list[str]:
+    order = [group.__name__ for group in GROUPS]
+    return sorted(COMMANDS, key=lambda name: order.index(COMMANDS[name][2].__module__))
+
+
+# ---------------------------------------------------------------------------------------
+# The parser and main()
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, just that subcommand gets its options (``""``: none), so the others'
+    option lists, which import the registries of valid names, are not built."""
+    parser = argparse.ArgumentParser(prog="interp", description=DESCRIPTION, formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"interp {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _ordered():
+        help_text, configure, fn = COMMANDS[name]
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
+        if only is None or only == name:
+            configure(p)
+        p.set_defaults(func=fn)
+    return parser
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first word that is not an option)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (argparse's own errors raise SystemExit(2))."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = _command_of(argv)
+    label = "interp"
+    try:
+        label = f"interp {name}" if name in COMMANDS else label
+        parser = build_parser(only=name if name in COMMANDS else "")  # --version/--help need no options
+        if name is not None and name not in COMMANDS:
+            parser.error(unknown_name("command", name, list(COMMANDS)))
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 0
+        for check in getattr(args, "checks", ()):
+            check(args)
+        return int(args.func(args) or 0)
+    # One clause per failure family, each of the same shape (one line, exit 2): deliberate, so that
+    # each can say what to do in its own words.
+    except InterpError as exc:
+        print(f"{label}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{label}: interrupted; rerun the same command to resume (finished work is kept).", file=sys.stderr)
+        return 130
+    except sqlite3.DatabaseError as exc:
+        print(f"{label}: error: {_sqlite_message(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{label}: error: {_os_error_message(exc)}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"{label}: error: out of memory. Lower --batch-size (or --n, --seq-len) and rerun.", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line and a log, never a traceback
+        if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError, without importing torch
+            print(f"{label}: error: the accelerator ran out of memory. Lower --batch-size and rerun.",
+                  file=sys.stderr)
+            return 2
+        log = write_crash_log(exc)
+        where = f"the full traceback is in {log}" if log else "no log file could be written"
+        print(f"{label}: internal error ({type(exc).__name__}: {_first_line(exc)}). This is a bug in interp; "
+              f"{where}. Please include it in a bug report.", file=sys.stderr)
+        return 1
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else "no message"
+
+
+def _os_error_message(exc: OSError) -> str:
+    where = f" ({exc.filename})" if exc.filename else ""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (f"the disk is full{where}. Free some space and rerun the same command: finished work is kept "
+                "and reused.")
+    if exc.errno == errno.EROFS:
+        return (f"the file system is read-only{where}. Choose a writable folder with --out (and INTERP_CACHE "
+                "for the model cache).")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"permission denied{where}. Choose a folder you can write to with --out, or fix its permissions."
+    return f"{exc.strerror or _first_line(exc)}{where}. Check the path and rerun."
+
+
+def _sqlite_message(exc: sqlite3.DatabaseError) -> str:
+    text = _first_line(exc)
+    if "locked" in text or "busy" in text:
+        return (f"the score store is locked ({text}): another interp run is writing the same folder. Wait for it "
+                "to finish, or use another --out.")
+    if "full" in text:
+        return f"the disk is full ({text}). Free some space and rerun the same command: finished work is kept."
+    return (f"the score store could not be used ({text}). If scores.sqlite is damaged, move it aside and rerun "
+            "(it is rebuilt), or use another --out.")
+
+
+def write_crash_log(exc: BaseException) -> Path | None:
+    """Write the traceback under ``$INTERP_CACHE/logs`` (or the temp folder); return the file."""
+    # imported on use: torch and the analyses take seconds to load; --help must not wait
+    import tempfile
+    import traceback
+
+    text = (f"interp {__version__}\nargv: {sys.argv}\npython: {sys.version}\n\n"
+            + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    cache = os.environ.get("INTERP_CACHE") or Path.home() / ".cache" / "interp"
+    stamp = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    for folder in (Path(cache) / "logs", Path(tempfile.gettempdir()) / "interp-logs"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / stamp).write_text(text)
+            return folder / stamp
+        except OSError:
+            continue
+    return None
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a module: delegate to the registered copy
+    from interp.cli.main import main as registered_main
+
+    sys.exit(registered_main())
+
+

@@ -1,0 +1,153 @@
+"""Figures of localization results: early exit, layer restoration, activation patching and attribution.
+
+``DRAWERS`` maps each result type to its default figure, so ``interp.figures.draw(result)``
+works for every result of :mod:`interp.localize`; the builders below take extra arguments
+(a curve's name, a title) or draw one kind of patching figure directly.
+
+Example:
+    >>> import interp, torch
+    >>> from interp.figures import draw
+    >>> from interp.figures.localize import early_exit_curves
+    >>> from interp.localize import lens
+    >>> model = interp.tiny_model("llama")
+    >>> rows = interp.Examples.from_tokens(torch.randint(0, 256, (4, 8)))
+    >>> res = lens.early_exit(model, rows)
+    >>> [trace.name for trace in draw(res, name="tiny").data]
+    ['tiny']
+    >>> fig = early_exit_curves({"tiny / D_large": res, "tiny / D_ctrl": res})
+    >>> [trace.line.dash for trace in fig.data]  # control sets are dashed
+    ['solid', 'dash']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+from interp.figures.style import PALETTE, heatmap, styled
+from interp.localize.lens import EarlyExitCurves, EarlyExitResult
+from interp.localize.patching import PAPER_NAMES, AttributionResult, GateInputComparison, PatchResult, span
+from interp.localize.restoration import RestorationResult
+
+# ---------------------------------------------------------------------------------------
+# Early exit and restoration
+
+
+def early_exit_curves(results: EarlyExitCurves | Mapping[str, EarlyExitResult], title: str | None = None) -> go.Figure:
+    """Mean NLL by layer, one curve per result (e.g. ``"quantized / D_large"``).
+
+    Curves whose name mentions ``ctrl`` are dashed, so {model} x {D_large, D_ctrl} reads at
+    a glance.
+    """
+    curves = results.results if isinstance(results, EarlyExitCurves) else results
+    fig = go.Figure()
+    for name, res in curves.items():
+        fig.add_trace(go.Scatter(
+            x=res.layers, y=res.layer_mean().numpy(), mode="lines+markers", name=name,
+            line={"dash": "dash" if "ctrl" in name.lower() else "solid"},
+        ))
+    at = next(iter(curves.values())).at if curves else "resid_post"
+    return styled(fig, title or f"Early exit: NLL decoding {at} at each layer", "layer",
+                  "mean next-token NLL (nats)")
+
+
+def early_exit(result: EarlyExitResult, name: str | None = None, title: str | None = None) -> go.Figure:
+    """One early-exit result's NLL by layer (the curve named ``name``, default the model's)."""
+    return early_exit_curves({name or str(result.settings.get("model", "model")): result}, title)
+
+
+def restoration(result: RestorationResult) -> go.Figure:
+    """Perplexity with the top-k blocks restored, against k, with the reference's as a dashed line."""
+    fig = go.Figure(go.Scatter(x=result.ks, y=result.perplexity().numpy(), mode="lines+markers",
+                               name="top-k blocks restored"))
+    fig.add_hline(y=result.reference_perplexity, line_dash="dash", annotation_text="reference")
+    return styled(fig, "Layer restoration: perplexity with the top-k blocks restored",
+                  "k (restored blocks, from the top)", "perplexity")
+
+
+# ---------------------------------------------------------------------------------------
+# Patching
+
+
+def _clip_recovery_axis(fig: go.Figure, recovery: Any) -> go.Figure:
+    """Keep -100%..+110% readable when one patch moves far away from the source (hover shows the value)."""
+    low, high = float(np.nanmin(recovery)) * 100, float(np.nanmax(recovery)) * 100
+    if low < -100 or high > 200:
+        fig.update_yaxes(range=[max(low, -100) - 10, min(max(high, 110), 200) + 10])
+        fig.update_layout(title=f"{fig.layout.title.text} (axis clipped; see hover for values)")
+    return fig
+
+
+def _by_component(table: Any, x: str, y: str, scale: float = 1.0) -> go.Figure:
+    """One line per component (in table order) of ``y`` against ``x``."""
+    fig = go.Figure()
+    for i, (component, rows) in enumerate(table.groupby("component", sort=False)):
+        fig.add_trace(go.Scatter(x=rows[x].astype(int), y=scale * rows[y], mode="lines+markers",
+                                 name=PAPER_NAMES.get(component, component),
+                                 line={"color": PALETTE[i % len(PALETTE)]}))
+    return fig
+
+
+def patching_sweep(result: PatchResult) -> go.Figure:
+    """Recovery (%) by layer, one line per component: for single-layer sweeps."""
+    table = result.table()
+    fig = styled(_by_component(table, "layers", "recovery", 100.0),
+                 "Patching one layer at a time: recovery of the gap", "layer", "recovery (%)")
+    return _clip_recovery_axis(fig, table["recovery"])
+
+
+def patching_bars(result: PatchResult) -> go.Figure:
+    """Recovery (%) per patch as bars: for joint patches (e.g. the paper's table)."""
+    table = result.table()
+    labels = [f"{n} ({layers})" for n, layers in zip(table["name"], table["layers"], strict=True)]
+    fig = go.Figure(go.Bar(x=labels, y=100 * table["recovery"], text=[f"{100 * r:.0f}%" for r in table["recovery"]],
+                           marker_color=PALETTE[0]))
+    return _clip_recovery_axis(styled(fig, "Patching: recovery of the gap", "", "recovery (%)"), table["recovery"])
+
+
+def patching_positions(result: PatchResult) -> go.Figure:
+    """Layer x position heatmap of the recovery: for per-position patches (e.g. clean/corrupt)."""
+    table = result.table()
+    grid = table.pivot_table(index="layers", columns="positions", values="recovery", sort=False, dropna=False)
+    return heatmap(grid.to_numpy(), grid.columns, grid.index,
+                   f"Patching {', '.join(table['component'].unique())} by layer and position", "position", "layer",
+                   colorbar="recovery", colorscale="RdBu", zmid=0)
+
+
+def patching(result: PatchResult) -> go.Figure:
+    """The fitting figure for a :class:`~interp.localize.patching.PatchResult`: a layer x
+    position heatmap when patches name positions, recovery by layer for single-layer sweeps,
+    bars otherwise."""
+    if any(p.positions is not None for p in result.patches):
+        return patching_positions(result)
+    if all(len(p.layers) == 1 and p.heads is None for p in result.patches):
+        return patching_sweep(result)
+    return patching_bars(result)
+
+
+def attribution(result: AttributionResult) -> go.Figure:
+    """Estimated change in the mean metric by layer, one line per component."""
+    return styled(_by_component(result.table(), "layer", "estimate"),
+                  "Attribution patching: first-order effect of each patch", "layer",
+                  f"estimated change in mean {result.metric}")
+
+
+def gate_input(result: GateInputComparison) -> go.Figure:
+    """Perplexity of the reference, the quantized model, the gate-input patch and the restored gate weights."""
+    table = result.table()
+    fig = go.Figure(go.Bar(x=table["setting"], y=table["perplexity"], text=[f"{v:.2f}" for v in table["perplexity"]],
+                           marker_color=PALETTE[0]))
+    return styled(fig, f"Gate input vs gate weights (layers {span(result.layers)})", "", "perplexity")
+
+
+DRAWERS: dict[type, Callable[..., go.Figure]] = {
+    EarlyExitResult: early_exit,
+    EarlyExitCurves: early_exit_curves,
+    RestorationResult: restoration,
+    PatchResult: patching,
+    AttributionResult: attribution,
+    GateInputComparison: gate_input,
+}

@@ -1,0 +1,276 @@
+"""Calibration text for the quantizers that need it, and each linear layer's inputs on it.
+
+Calibrated methods (the registry records with ``needs_calibration``, see
+:data:`interp.quant.spec.METHODS`) read each linear layer's inputs on calibration-split
+examples, which :func:`interp.load_examples` keeps disjoint from the evaluation examples;
+they are loaded only when a spec asks for them. :class:`LayerFeeder` and
+:class:`PausedBlock` produce those inputs block by block for :func:`interp.quant.quantize`.
+
+Example:
+    >>> from interp.quant.calibration import needs_calibration
+    >>> needs_calibration(["rtn:bits=3", "nf:bits=4"]), needs_calibration(["rtn:bits=3", "gptq:bits=3"])
+    (False, True)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from interp.data import Examples, load_examples
+from interp.errors import ComponentError, InterpError
+from interp.quant.spec import MethodSpec, parse_spec
+from interp.runtime import hooks
+from interp.runtime.batching import batches
+
+
+def needs_calibration(specs: Iterable[str | MethodSpec]) -> bool:
+    """Whether any of ``specs`` names a method that needs calibration inputs."""
+    return any(parse_spec(spec).needs_calibration for spec in specs)
+
+
+def load_calibration(source: str | Path, tokenizer: Any, specs: Iterable[str | MethodSpec], n: int, seq_len: int,
+                     seed: int = 0) -> Examples | None:
+    """``n`` calibration-split examples of ``source`` when a spec needs them, else None (nothing is read)."""
+    if not needs_calibration(specs):
+        return None
+    return load_examples(source, tokenizer, n=n, seq_len=seq_len, seed=seed, split="calibration")
+
+
+def calibration_from_settings(settings: Mapping[str, Any], tokenizer: Any,
+                              specs: Iterable[str | MethodSpec]) -> Examples | None:
+    """The calibration set a ``score`` folder's ``settings.json`` records, when a spec needs it (else None)."""
+    recorded = settings.get("calibration")
+    if not recorded:
+        return None
+    return load_calibration(recorded["source"], tokenizer, specs, n=recorded["n"], seq_len=recorded["seq_len"],
+                            seed=recorded["seed"])
+
+
+# ---------------------------------------------------------------------------------------
+# The inputs of each linear layer on the calibration text, block by block
+
+
+class _Stop(Exception):
+    """Raised from a hook once the activation it wants is captured: the rest is skipped."""
+
+
+class LayerFeeder:
+    """Calibration activations entering one block at a time, for sequential quantization.
+
+    Holds, per calibration batch, the hidden states entering the current block and the
+    keyword arguments the model passes to every block (causal mask, rotary embeddings),
+    captured once from the first block. :meth:`inputs` and :meth:`advance` re-run the
+    block from its start for each group of linear layers (the reference scheme);
+    :meth:`paused` runs it once, pausing at each group (:class:`PausedBlock`).
+    """
+
+    def __init__(self, model: Any, tokens: torch.Tensor, batch_size: int) -> None:
+        self.model = model
+        self.block_list = hooks.blocks(model)
+        # whether a PausedBlock gives the re-run's inputs on this model: decided on the first block
+        self.pauses: bool | None = None
+        self.states: list[tuple[torch.Tensor, dict[str, Any]]] = []
+        device = next(model.original_model.parameters()).device
+        captured: dict[str, Any] = {}
+
+        def catch(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+            rest.update(past_key_values=None, use_cache=False)
+            captured["state"] = (hidden.detach(), rest)
+            raise _Stop
+
+        handle = self.block_list[0].register_forward_pre_hook(catch, with_kwargs=True)
+        try:
+            with torch.no_grad():
+                for start, end in batches(len(tokens), batch_size):
+                    try:
+                        model.original_model(input_ids=tokens[start:end].to(device), use_cache=False)
+                    except _Stop:
+                        pass
+                    self.states.append(captured.pop("state"))
+        finally:
+            handle.remove()
+
+    def inputs(self, layer: int, role: str) -> torch.Tensor:
+        """``[n_tokens, d_in]``: the input of linear ``role`` of block ``layer`` on all calibration tokens."""
+        name = hooks.linear_input_hook(self.model, layer, role)
+        chunks: list[torch.Tensor] = []
+
+        def grab(x: torch.Tensor, hook: Any) -> None:
+            chunks.append(_rows(x))
+            raise _Stop
+
+        with torch.no_grad(), self.model.hooks(fwd_hooks=[(name, grab)]):
+            for hidden, kwargs in self.states:
+                try:
+                    self.block_list[layer](hidden, **kwargs)
+                except _Stop:
+                    pass
+        return torch.cat(chunks)
+
+    def outputs(self, layer: int) -> list[torch.Tensor]:
+        """Block ``layer`` run on the states entering it, one output per batch."""
+        with torch.no_grad():
+            return [_hidden(self.block_list[layer](hidden, **kwargs)) for hidden, kwargs in self.states]
+
+    def advance(self, layer: int, outputs: list[torch.Tensor] | None = None) -> None:
+        """Move the states to the input of block ``layer + 1``: ``outputs`` of block ``layer``, or run it now."""
+        outputs = self.outputs(layer) if outputs is None else outputs
+        self.states = [(out, kwargs) for out, (_, kwargs) in zip(outputs, self.states, strict=True)]
+
+    def paused(self, layer: int, groups: Sequence[Sequence[str]]) -> PausedBlock:
+        return PausedBlock(self, layer, groups)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``[batch, pos, ..., d_in]`` -> float32 ``[batch * pos, d_in]`` on the CPU."""
+    return x.detach().reshape(x.shape[0] * x.shape[1], -1).float().cpu()
+
+
+def _hidden(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, tuple) else out
+
+
+class _Abort(Exception):
+    """Raised inside a paused forward when the quantization stopped: its thread unwinds and ends."""
+
+
+class OutOfOrder(InterpError):
+    """The block reached the groups' input hooks in another order than expected, or not at all."""
+
+
+@dataclass
+class _Run:
+    """One batch's forward through the block, in its own thread."""
+
+    hidden: torch.Tensor
+    kwargs: dict[str, Any]
+    arrived: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    resume: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    thread: threading.Thread | None = None
+    next_group: int = 0
+    captured: torch.Tensor | None = None
+    output: torch.Tensor | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class PausedBlock:
+    """Block ``layer``'s forward on every calibration batch, run once, pausing at each group's input.
+
+    Sequential quantization needs each group's input (q/k/v, o, gate/up, down) as the block
+    produces it with the groups before it already quantized. :meth:`LayerFeeder.inputs`
+    gets it by re-running the block from its start after each group: about 2.3 block
+    forwards per block. Here each batch's forward runs in a thread of its own and waits at
+    the group's input hook while the caller quantizes the group and writes its weights,
+    then goes on with them: one forward, and the same operations on the same values, so
+    the same tensors to the bit, provided the block reads each group's input hook before
+    it computes any of the group's linear layers. :func:`interp.quant.quantize` checks
+    that on the first block against :meth:`LayerFeeder.inputs` before relying on it.
+
+    The threads take turns (the caller starts or resumes one and waits until it pauses),
+    so only one runs at any time. Use it as a context manager: leaving it ends the threads.
+    """
+
+    def __init__(self, feeder: LayerFeeder, layer: int, groups: Sequence[Sequence[str]]) -> None:
+        self.feeder, self.layer = feeder, layer
+        self.groups = [list(g) for g in groups]
+        self.runs = [_Run(hidden, kwargs) for hidden, kwargs in feeder.states]
+        self.aborted = False
+        self._local = threading.local()
+        hooks_by_name: dict[str, int] = {}
+        for index, roles in enumerate(self.groups):
+            for role in roles:
+                try:
+                    hooks_by_name.setdefault(hooks.linear_input_hook(feeder.model, layer, role), index)
+                except ComponentError:
+                    if role == roles[0]:
+                        raise
+        self._hooks = [(name, self._pause_at(index)) for name, index in hooks_by_name.items()]
+        self._context: Any = None
+
+    def __enter__(self) -> PausedBlock:
+        self._context = self.feeder.model.hooks(fwd_hooks=self._hooks)
+        self._context.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.aborted = True
+            for run in self.runs:
+                if run.thread is not None and not run.done:
+                    run.resume.release()
+                    run.thread.join()
+        finally:
+            self._context.__exit__(*exc)
+
+    def _pause_at(self, group: int) -> Any:
+        def pause(x: torch.Tensor, hook: Any) -> None:
+            run: _Run = self._local.run
+            if group < run.next_group:
+                return  # another layer of a group already captured: the same input
+            if group != run.next_group:
+                raise OutOfOrder(f"block {self.layer} reached the input of {self.groups[group]} before that of "
+                                  f"{self.groups[run.next_group]}")
+            run.captured, run.next_group = x.detach(), group + 1
+            run.arrived.release()
+            run.resume.acquire()
+            if self.aborted:
+                raise _Abort
+
+        return pause
+
+    def _body(self, run: _Run) -> None:
+        self._local.run = run
+        try:
+            with torch.no_grad():
+                run.output = _hidden(self.feeder.block_list[self.layer](run.hidden, **run.kwargs))
+        except _Abort:
+            pass
+        except BaseException as exc:  # handed to the caller's thread
+            run.error = exc
+        finally:
+            run.done = True
+            run.arrived.release()
+
+    def _step(self, run: _Run) -> None:
+        """Start or resume ``run`` and wait until it pauses or ends."""
+        if run.thread is None:
+            run.thread = threading.Thread(target=self._body, args=(run,), daemon=True,
+                                          name=f"calibration-block{self.layer}")
+            run.thread.start()
+        else:
+            run.resume.release()
+        run.arrived.acquire()
+        if run.error is not None:
+            raise run.error
+
+    def inputs(self, group: int) -> torch.Tensor:
+        """``[n_tokens, d_in]``: the input of group ``group`` (the groups in order, each once)."""
+        chunks = []
+        for run in self.runs:
+            self._step(run)
+            if run.done or run.next_group != group + 1 or run.captured is None:
+                raise OutOfOrder(f"block {self.layer} did not reach the input of {self.groups[group]} in order")
+            chunks.append(_rows(run.captured))
+            run.captured = None
+        return torch.cat(chunks)
+
+    def outputs(self) -> list[torch.Tensor]:
+        """Let every forward finish (all groups quantized); the block's output per batch."""
+        outputs = []
+        for run in self.runs:
+            self._step(run)
+            if not run.done or run.output is None:
+                raise OutOfOrder(f"block {self.layer} paused at an input after its last group")
+            assert run.thread is not None
+            run.thread.join()
+            outputs.append(run.output)
+        return outputs

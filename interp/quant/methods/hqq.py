@@ -1,0 +1,53 @@
+"""``hqq``: the ``hqq`` package's half-quadratic quantizer, called on the CPU.
+
+``optimize=0`` is plain min-max round-to-nearest (``rtn`` reproduces it bit for bit);
+``optimize=1`` (the default) refines the zero-points and scales. The package has no
+7-bit mode.
+
+Example:
+    >>> import torch
+    >>> from interp.quant import quantize_weight
+    >>> W = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
+    >>> quantize_weight(W, "hqq:bits=4,group=64").shape
+    torch.Size([8, 64])
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from interp.quant.spec import MethodSpec, Option, Quantizer, flag
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+def quantize(W: Tensor, spec: MethodSpec, _calibration: object) -> Tensor:
+    # deferred: hqq and torch are slow to import, and the registry imports this module to read QUANTIZER
+    import torch
+    from hqq.core.quantize import Quantizer as HQQQuantizer
+
+    levels, meta = HQQQuantizer.quantize(
+        W,
+        nbits=spec.bits,
+        group_size=spec.group,
+        optimize=bool(spec.params["optimize"]),
+        axis=1,  # groups run along the input dimension, as for every other method
+        bitpack=False,
+        compute_dtype=torch.float32,
+        device="cpu",
+    )
+    meta["compute_dtype"] = torch.float32  # dequantize() defaults to float16 otherwise
+    dequantized: Tensor = HQQQuantizer.dequantize(levels, meta)
+    return dequantized.reshape(W.shape).float()
+
+
+QUANTIZER = Quantizer(
+    name="hqq",
+    quantize=quantize,
+    bits=(2, 3, 4, 5, 6, 8),
+    options={"optimize": Option(1, "0 or 1", flag)},
+    summary="half-quadratic quantization via the hqq package",
+    report_bits=(3,),
+    report_rank=4,
+)

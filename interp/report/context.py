@@ -1,0 +1,124 @@
+"""What a report run shares: the settings that determine its numbers, the lazily loaded model,
+examples and calibration rows, and the Stage/StageOutput types every section uses."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+from interp import models  # models.load_model looked up at call time, so a patched loader is seen
+from interp.data import load_examples
+from interp.quant.reference import describe_reference
+from interp.quant.spec import parse_spec, report_specs
+
+# The method lists come from the quantizer registry (each record's report_bits / quick_bits).
+DEFAULT_METHODS = report_specs()
+QUICK_METHODS = report_specs(quick=True)  # calibration-free: fast
+
+
+def _patched(specs: tuple[str, ...], calibrated: bool) -> str:
+    """The spec patching and restoration use: the first 3-bit spec (a calibrated one when asked),
+    like the paper's AWQ-3 and NF-3 runs."""
+    for spec in specs:
+        parsed = parse_spec(spec)
+        if parsed.bits == 3 and (parsed.needs_calibration or not calibrated):
+            return spec
+    return specs[0]
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """Everything that determines the report's numbers (hashed to decide what can be reused)."""
+
+    model: str = "smollm2-135m"
+    data: str = "wiki"
+    n: int | None = 128
+    seq_len: int = 128
+    seed: int = 0
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    calibration_n: int = 32
+    batch_size: int = 8
+    saobp_beta: float = 4.0
+    attention_n: int = 16
+    patch_method: str = _patched(DEFAULT_METHODS, calibrated=True)
+    device: str = "cpu"
+    dtype: str = "float32"
+    saobp_logs: str = ""  # per-seed SAOBP training logs (default: docs/data/saobp_seeds of this checkout)
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> "ReportSettings":
+        base = dict(n=20, seq_len=32, methods=QUICK_METHODS, calibration_n=8, attention_n=4,
+                    patch_method=_patched(QUICK_METHODS, calibrated=False))
+        return cls(**{**base, **overrides})
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class StageOutput:
+    """What one stage produces."""
+
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    figures: dict[str, go.Figure] = field(default_factory=dict)
+    numbers: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    title: str
+    intro: str
+    run: Callable[["ReportContext"], StageOutput]
+    reuse: bool = True  # False: recomputed every run (cheap stages that read files outside the settings)
+
+
+class ReportContext:
+    """Lazily loaded shared state: the model, examples, scores and quantized copies."""
+
+    def __init__(self, settings: ReportSettings, out: Path, progress: bool | None) -> None:
+        self.settings = settings
+        self.out = out
+        self.progress = progress
+        self.cache: dict[str, Any] = {}
+
+    @cached_property
+    def model(self) -> Any:
+
+
+        s = self.settings
+        return models.load_model(s.model, dtype=getattr(torch, s.dtype), device=s.device)
+
+    @cached_property
+    def examples(self) -> Any:
+
+        s = self.settings
+        return load_examples(s.data, self.model.tokenizer, n=s.n, seq_len=s.seq_len, seed=s.seed, split="eval")
+
+    @cached_property
+    def calibration(self) -> Any:
+
+        s = self.settings
+        return load_examples(s.data, self.model.tokenizer, n=s.calibration_n, seq_len=s.seq_len, seed=s.seed,
+                             split="calibration")
+
+    @cached_property
+    def reference_description(self) -> str:
+        """What the "full-precision" reference is, read from its GGUF file (e.g. Q4_1 dequantized to fp32)."""
+
+        return describe_reference(self.settings.model)
+
+    def token_labels(self, row: int, length: int) -> list[str]:
+        tokens = self.examples.tokens[row, :length]
+        return [self.model.tokenizer.decode([int(t)]) for t in tokens]

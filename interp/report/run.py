@@ -1,0 +1,166 @@
+"""``interp report``: one offline HTML report reproducing both papers' analyses.
+
+The report runs in stages. Each stage computes tables, figures and numbers, and writes them
+to ``OUT/stages/<stage>/`` (CSV, plotly JSON, ``numbers.json``) followed by a ``done.json``
+marker holding the settings and the elapsed time. A rerun with the same settings loads
+finished stages from disk instead of recomputing them, so a killed report resumes where it
+stopped; per-example scoring inside a stage resumes from its SQLite store. Changing the
+settings (model, data, N, T, seed, methods) starts the stages over.
+
+Outputs:
+
+- ``index.html`` with every figure, interactive; ``plotly.min.js`` sits beside it, so the
+  page works offline with no CDN;
+- with ``single_file``, ``report.html``: the same page with plotly.js inlined, one file that
+  works when moved or mailed on its own;
+- ``figures/*.png`` and ``figures/*.svg`` for papers (kaleido + headless Chromium);
+- ``tables/*.csv``;
+- ``results.json`` with every number, the settings, package versions and stage times.
+
+The page is rendered from the Jinja2 templates in ``interp/templates`` with autoescaping on: all
+text that comes from data (document titles, tokens, user file names) is HTML-escaped; only
+plotly's own figure markup and plotly.js are inserted as trusted markup.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+from tqdm.auto import tqdm
+
+from interp.figures import export_static
+from interp.io import atomic_write_bytes, ensure_writable_dir, write_json
+from interp.report.context import ReportContext, ReportSettings, Stage, StageOutput
+from interp.report.html import _versions, render_html
+from interp.report.stages import STAGES
+from interp.report.stages.reproduction_table import reproduction_table
+
+# ---------------------------------------------------------------------------------------
+# Stage persistence
+
+
+def _figure_from_json(text: str) -> go.Figure:
+    return pio.from_json(text)
+
+
+def save_stage(folder: Path, output: StageOutput, settings_key: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, table in output.tables.items():
+        atomic_write_bytes(folder / f"{name}.csv", table.to_csv(index=False).encode())
+    for name, fig in output.figures.items():
+        atomic_write_bytes(folder / f"{name}.plotly.json", fig.to_json().encode())
+    write_json(folder / "numbers.json", {"numbers": output.numbers, "notes": output.notes,
+                                         "tables": list(output.tables), "figures": list(output.figures)})
+    write_json(folder / "done.json", {"settings": settings_key, "seconds": output.seconds})
+
+
+def load_stage(folder: Path, settings_key: str) -> StageOutput | None:
+    done = folder / "done.json"
+    if not done.is_file():
+        return None
+    try:
+        marker = json.loads(done.read_text())
+        if marker.get("settings") != settings_key:
+            return None
+        meta = json.loads((folder / "numbers.json").read_text())
+        tables = {name: pd.read_csv(folder / f"{name}.csv") for name in meta["tables"]}
+        figures = {name: _figure_from_json((folder / f"{name}.plotly.json").read_text()) for name in meta["figures"]}
+    except (OSError, json.JSONDecodeError, ValueError, KeyError):
+        return None  # a damaged stage is simply recomputed
+    return StageOutput(tables=tables, figures=figures, numbers=meta["numbers"], notes=meta["notes"],
+                       seconds=float(marker.get("seconds", 0.0)))
+
+
+# ---------------------------------------------------------------------------------------
+# Rendering
+
+
+# ---------------------------------------------------------------------------------------
+# Driver
+
+
+def run_report(out: str | Path, settings: ReportSettings | None = None, stages: list[str] | None = None,
+               progress: bool | None = None, static: bool = True, single_file: bool = False) -> dict[str, Any]:
+    """Run (or resume) the report into ``out`` and return the ``results.json`` content.
+
+    Args:
+        out: output folder.
+        settings: :class:`~interp.report.context.ReportSettings` (``ReportSettings.quick()`` for a fast smoke run).
+        stages: names of the stages to run (default: all).
+        progress: progress bars (default: when stderr is a terminal).
+        static: also export PNG and SVG copies of every figure.
+        single_file: also write ``report.html``, one page with plotly.js inlined that works when moved
+            on its own (about 5 MB).
+    """
+    settings = settings or ReportSettings()
+    folder = ensure_writable_dir(out)
+    key = settings.key()
+    context = ReportContext(settings, folder, progress)
+    chosen = [s for s in STAGES if stages is None or s.name in stages]
+    outputs: dict[str, StageOutput] = {}
+    began = time.time()
+    bar = tqdm(chosen, desc="report", unit="stage", disable=progress is False)
+    for stage in bar:
+        bar.set_postfix_str(stage.name)
+        stage_dir = folder / "stages" / stage.name
+        cached = load_stage(stage_dir, key) if stage.reuse else None
+        if cached is not None:
+            outputs[stage.name] = cached
+            continue
+        tick = time.time()
+        output = stage.run(context)
+        output.seconds = time.time() - tick
+        save_stage(stage_dir, output, key)
+        outputs[stage.name] = output
+    total = time.time() - began
+    reproduction = reproduction_table(outputs, settings)
+    versions = _versions()
+    reference = context.reference_description
+    _write_outputs(folder, settings, chosen, outputs, reproduction, versions, total, static, reference,
+                   single_file)
+    results = {
+        "settings": asdict(settings), "versions": versions, "reference": reference,
+        "stage_seconds": {name: o.seconds for name, o in outputs.items()},
+        "numbers": {name: o.numbers for name, o in outputs.items()},
+        "reproduction": reproduction.to_dict(orient="records"),
+    }
+    write_json(folder / "results.json", results)
+    return results
+
+
+def _write_outputs(folder: Path, settings: ReportSettings, stages: list[Stage], outputs: dict[str, StageOutput],
+                   reproduction: pd.DataFrame, versions: dict[str, str], total: float, static: bool,
+                   reference: str = "", single_file: bool = False) -> None:
+    """Write ``index.html`` + ``plotly.min.js``, the CSV tables, the static figures and, with
+    ``single_file``, ``report.html`` (plotly.js inlined, no links to files beside it)."""
+
+
+    plotly_js = get_plotlyjs()
+    atomic_write_bytes(folder / "plotly.min.js", plotly_js.encode())
+
+    def png_link(stem: str) -> str | None:  # the PNG this run exports, or one a previous run left
+        return f"figures/{stem}.png" if static or (folder / "figures" / f"{stem}.png").is_file() else None
+
+    args = (settings, stages, outputs, reproduction, versions, total, reference)
+    atomic_write_bytes(folder / "index.html", render_html(*args, static_pngs=png_link).encode("utf-8"))
+    if single_file:
+        atomic_write_bytes(folder / "report.html", render_html(*args, plotly_js=plotly_js).encode("utf-8"))
+    tables_dir = folder / "tables"
+    tables_dir.mkdir(exist_ok=True)
+    reproduction.to_csv(tables_dir / "reproduction.csv", index=False)
+    for name, output in outputs.items():
+        for table_name, table in output.tables.items():
+            table.to_csv(tables_dir / f"{name}__{table_name}.csv", index=False)
+    if static:
+        figures = {f"{name}__{fig_name}": fig for name, o in outputs.items() for fig_name, fig in o.figures.items()}
+        export_static(figures, folder / "figures")
+
+

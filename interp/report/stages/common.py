@@ -1,0 +1,64 @@
+"""What several report stages share: the quantized copies, the per-example errors, the D_large
+split, and the one way a stage hands in its measurements for the reproduction table
+(:func:`record_claims`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from interp.models import cache_dir
+from interp.quant.analysis.error_split import ErrorSplit, error_split
+from interp.quant.spec import parse_spec
+from interp.report.context import ReportContext, StageOutput
+from interp.report.reproduction import Measurement, measurement_to_dict
+
+N_BOOT = 1000  # bootstrap resamples for every interval in the quantization stages
+
+
+def setup(ctx: ReportContext) -> ErrorSplit:
+    """Every method's per-example errors, D_large/D_ctrl and the quantized models: the one setup
+    (:func:`interp.quant.error_split`) that the quantization, lens and patching stages share.
+
+    D_large comes from the patched method's *own* error (the paper's localization protocol). The
+    scores resume from ``OUT/scores.sqlite``; quantized weights live in the user cache
+    (``$INTERP_CACHE/quantized``), shared across reports, so a report folder stays small (a
+    quantized SmolLM2 copy is ~0.5 GB in float32).
+    """
+    if "setup" not in ctx.cache:
+        s = ctx.settings
+        needs_cal = any(parse_spec(m).needs_calibration for m in s.methods)
+        ctx.cache["setup"] = error_split(
+            ctx.model, list(s.methods), ctx.examples, store=ctx.out / "scores.sqlite",
+            calibration=ctx.calibration if needs_cal else None, split_on=patched_spec(ctx),
+            cache_dir=cache_dir() / "quantized", seed=s.seed, batch_size=s.batch_size, progress=ctx.progress)
+    return ctx.cache["setup"]
+
+
+def quantized_model(ctx: ReportContext, spec: str) -> Any:
+    """A quantized copy of the reference (loaded from the cache, or quantized there first)."""
+    return setup(ctx).quantized(spec)
+
+
+def method_errors(ctx: ReportContext) -> pd.DataFrame:
+    """Per-example errors for every method (resumable: the SQLite store keeps finished batches)."""
+    return setup(ctx).errors
+
+
+def patched_spec(ctx: ReportContext) -> str:
+    return str(parse_spec(ctx.settings.patch_method))
+
+
+def d_large_split(ctx: ReportContext) -> Any:
+    """D_large / D_ctrl chosen from the patched method's own error."""
+    return setup(ctx).split
+
+
+def spec_bits(spec: str) -> int:
+    return int(parse_spec(spec).bits)
+
+
+def record_claims(out: StageOutput, claims: dict[str, Measurement]) -> None:
+    out.numbers["claims"] = {key: measurement_to_dict(m) for key, m in claims.items()}

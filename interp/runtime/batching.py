@@ -1,0 +1,136 @@
+"""Batching and the checks every model run makes first: context length, token ids, tokenizer,
+memory; and the progress-bar rule.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from interp.data import Examples, tokenizer_fingerprint
+from interp.errors import DataError, InterpError, ResourceError
+
+
+class StopForward(Exception):
+    """Raised by the last needed hook so the rest of the forward (and the unembed) is skipped."""
+
+
+def check_context(model: Any, tokens: torch.Tensor) -> None:
+    """Token rows fit the model: at most its context long, and every id inside its vocabulary."""
+    n_ctx = getattr(getattr(model, "info", None), "n_ctx", None) or int(model.cfg.n_ctx)
+    if tokens.shape[-1] > n_ctx:
+        raise InterpError(
+            f"Sequences of {tokens.shape[-1]} tokens exceed this model's context of {n_ctx}. Lower seq_len."
+        )
+    check_token_ids(model, tokens)
+
+
+def model_vocab_size(model: Any) -> int:
+    """Rows of the model's input embedding: token ids must lie in ``[0, vocab)``."""
+    original = getattr(model, "original_model", model)
+    embedding = original.get_input_embeddings() if hasattr(original, "get_input_embeddings") else None
+    if embedding is not None and hasattr(embedding, "num_embeddings"):
+        return int(embedding.num_embeddings)
+    return int(model.cfg.d_vocab)
+
+
+def check_token_ids(model: Any, tokens: torch.Tensor) -> None:
+    if tokens.is_floating_point() or tokens.dtype == torch.bool:
+        raise DataError(f"Token ids must be integers, got a {tokens.dtype} tensor.")
+    if tokens.ndim != 2 or tokens.shape[-1] < 2:
+        raise DataError(f"Token rows must be [N, T] with T >= 2 (BOS + a token to predict); got shape "
+                        f"{tuple(tokens.shape)}.")
+    if tokens.numel() == 0:
+        return
+    vocab = model_vocab_size(model)
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= vocab:
+        bad = low if low < 0 else high
+        raise DataError(f"Token id {bad} is outside this model's vocabulary [0, {vocab}). The rows were made by "
+                        "another tokenizer or edited by hand: tokenize with this model's tokenizer "
+                        "(interp.load_examples(source, model.tokenizer, ...)).")
+
+
+def check_examples(model: Any, examples: Examples) -> None:
+    """Examples fit the model: context, token id range, and (when known) the same tokenizer.
+
+    Call it at every entry point that runs a model on examples (nll, probe, patching, score).
+    """
+    check_context(model, examples.tokens)
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None or not (examples.tokenizer or examples.vocab_size):
+        return  # rows from Examples.from_tokens: only the id range can be checked
+
+    if examples.vocab_size and examples.vocab_size != len(tokenizer):
+        raise DataError(f"These examples were tokenized with a vocabulary of {examples.vocab_size} tokens, but the "
+                        f"model's tokenizer has {len(tokenizer)}. Load them with this model's tokenizer.")
+    if examples.tokenizer and examples.tokenizer != tokenizer_fingerprint(tokenizer):
+        raise DataError(f"These examples were tokenized by another tokenizer (fingerprint {examples.tokenizer}, "
+                        f"model's {tokenizer_fingerprint(tokenizer)}): their ids mean other tokens to this model. "
+                        "Load them with interp.load_examples(source, model.tokenizer, ...).")
+
+
+def available_memory_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def check_memory(n_bytes: int, what: str, fraction: float = 0.5) -> None:
+    """Refuse a capture that would use more than ``fraction`` of available memory."""
+    budget = available_memory_bytes() * fraction
+    if n_bytes > budget:
+        raise ResourceError(
+            f"{what} would need {n_bytes / 2**30:.1f} GiB, over {fraction:.0%} of available memory "
+            f"({budget / 2**30:.1f} GiB). Use a streaming reducer (norm, mean, entropy, ...) instead "
+            "of 'full', lower n or seq_len, or raise memory_fraction."
+        )
+
+
+def batches(n: int, batch_size: int) -> Iterable[tuple[int, int]]:
+    if batch_size < 1:
+        raise InterpError(f"batch_size must be at least 1; got {batch_size}.")
+    for start in range(0, n, batch_size):
+        yield start, min(n, start + batch_size)
+
+
+def show_progress(progress: bool | None) -> bool:
+    """Whether a long run draws its ``tqdm.auto`` bar: ``progress`` when given, else on in a
+    terminal and in Jupyter (where stderr is no terminal, but the bar is a widget).
+
+    Example:
+        >>> show_progress(False), show_progress(True)
+        (False, True)
+    """
+    if progress is not None:
+        return progress
+    return sys.stderr.isatty() or in_notebook()
+
+
+def in_notebook() -> bool:
+    """True inside a running IPython kernel (Jupyter, VS Code notebooks); IPython is not imported here."""
+    ipython = sys.modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    if get_ipython is None:
+        return False
+    try:
+        shell = get_ipython()
+    except Exception:  # noqa: BLE001 - a half-initialised IPython: treat as no kernel
+        return False
+    return getattr(shell, "kernel", None) is not None
+
+
+def device_of(model: Any) -> torch.device:
+    """The device of a bridge's (or a plain module's) first parameter; CPU when it has none."""
+    try:
+        return next(getattr(model, "original_model", model).parameters()).device
+    except (AttributeError, StopIteration):
+        return torch.device("cpu")

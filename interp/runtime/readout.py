@@ -1,0 +1,118 @@
+"""The readout: the model's own final norm and unembedding applied to any residual, decoded one
+vocabulary slice at a time into per-token NLL.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from einops import rearrange
+from jaxtyping import Float, Int64
+from torch import Tensor
+
+from interp.errors import ComponentError
+from interp.runtime import hooks as hk
+from interp.typing import Resid, TokenNLL, Tokens
+
+DEFAULT_MAX_LOGITS = 1 << 23  # 32 MiB of float32 logits alive at once (fits a large L3)
+
+
+class Readout:
+    """``unembed(final_norm(r))`` for any residual ``r``: the model's own output head.
+
+    The final norm is the decoder body's own (``norm``, GPT-2's ``ln_f``, GPT-NeoX's
+    ``final_layer_norm``: RMSNorm or LayerNorm, Gemma's ``1 + gamma`` included, since the
+    module itself is called) and the head is the model's output embedding (``lm_head``,
+    GPT-NeoX's ``embed_out``), with its bias when it has one. Gemma-2-style final logit
+    soft-capping (``tanh(z / c) * c``) is applied when the config sets
+    ``final_logit_softcapping``.
+
+    Args:
+        model: a bridge from :func:`interp.load_model`.
+        max_logits: the most logits materialised at once when scoring; sets peak memory.
+    """
+
+    def __init__(self, model: Any, max_logits: int = DEFAULT_MAX_LOGITS) -> None:
+        try:
+            self.norm = hk.final_norm(model)
+            self.weight = hk.unembed_weight(model)
+            self.bias = hk.unembed_bias(model)
+        except AttributeError as exc:
+            raise ComponentError(
+                f"{getattr(getattr(model, 'info', None), 'architecture', type(model).__name__)}: no final norm "
+                f"and output head where interp looks ({exc}); early exit and patching need both."
+            ) from None
+        config = model.original_model.config
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.softcap = getattr(text, "final_logit_softcapping", None)
+        self.max_logits = max(1, int(max_logits))
+
+    @property
+    def vocab(self) -> int:
+        return int(self.weight.shape[0])
+
+    def logits(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... vocab"]:
+        """Logits of ``resid`` (keep the input small: the output has ``vocab`` columns)."""
+        return self.head(self.norm(resid))
+
+    def head(self, normed: Float[Tensor, "... d_model"]) -> Float[Tensor, "... vocab"]:
+        """Logits of an already normalised residual (the unembedding and any soft-cap)."""
+        logits = torch.nn.functional.linear(normed, self.weight, self.bias)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def token_nll(self, resid: Resid, tokens: Tokens, normed: bool = False) -> TokenNLL:
+        """``-log p(tokens[:, t + 1] | r[:, t])`` for ``t < T - 1``: ``[B, T, D] -> [B, T - 1]``.
+
+        Without gradients, every row is decoded against one slice of the vocabulary at a time
+        with a running (online) log-sum-exp, so each slice of the unembedding is read once
+        and the matmuls stay large (20% faster than row chunks on CPU). With gradients (used
+        by attribution patching), rows are decoded in chunks of ``max_logits // vocab``
+        positions with a fused log-softmax. Either way no ``[B, T, vocab]`` tensor exists.
+        ``normed=True`` means ``resid`` already went through the final norm.
+        """
+        batch = resid.shape[0]
+        flat = rearrange(resid[:, :-1], "b t d -> (b t) d")  # position t predicts token t + 1
+        targets = rearrange(tokens[:, 1:], "b t -> (b t) 1").to(flat.device)
+        if not (torch.is_grad_enabled() and flat.requires_grad):
+            normed_rows = flat if normed else self.norm(flat)
+            return rearrange(self._nll_by_vocab_slices(normed_rows, targets.squeeze(-1)), "(b t) -> b t", b=batch)
+        rows = max(1, self.max_logits // self.vocab)
+        out = [self._rows_nll(flat[start : start + rows], targets[start : start + rows], normed)
+               for start in range(0, flat.shape[0], rows)]
+        return rearrange(torch.cat(out), "(b t) -> b t", b=batch)
+
+    def _nll_by_vocab_slices(self, normed: Float[Tensor, "rows d_model"], targets: Int64[Tensor, " rows"]
+                             ) -> Float[Tensor, " rows"]:
+        rows = normed.shape[0]
+        step = min(self.vocab, max(256, self.max_logits // max(1, rows)))
+        peak = torch.full((rows,), -math.inf, device=normed.device)
+        total = torch.zeros(rows, device=normed.device)
+        picked = torch.zeros(rows, device=normed.device)
+        for start in range(0, self.vocab, step):
+            bias = None if self.bias is None else self.bias[start : start + step]
+            logits = torch.nn.functional.linear(normed, self.weight[start : start + step], bias).float()
+            if self.softcap:
+                logits = torch.tanh(logits / self.softcap) * self.softcap
+            inside = (targets >= start) & (targets < start + logits.shape[1])
+            if bool(inside.any()):
+                picked[inside] = logits[inside, targets[inside] - start]
+            new_peak = torch.maximum(peak, logits.amax(dim=1))
+            # rescale what was summed so far to the new peak, then add this slice (in place: ours)
+            total = total * torch.exp(peak - new_peak) + logits.sub_(new_peak[:, None]).exp_().sum(dim=1)
+            peak = new_peak
+        return peak + total.log() - picked
+
+    def _rows_nll(self, resid: Float[Tensor, "rows d_model"], targets: Int64[Tensor, "rows 1"],
+                  normed: bool = False) -> Float[Tensor, " rows"]:
+        logits = (self.head(resid) if normed else self.logits(resid)).float()
+        # cross_entropy fuses log-softmax and gather in one pass over the chunk; on CPU it is
+        # several times faster than torch.logsumexp or an amax/exp/sum chain (benchmarks.md)
+        return torch.nn.functional.cross_entropy(logits, targets.squeeze(-1), reduction="none")
+
+    def mean_nll(self, resid: Resid, tokens: Tokens) -> Float[Tensor, " batch"]:
+        """Mean next-token NLL per row (float64)."""
+        return self.token_nll(resid, tokens).double().mean(dim=1)
