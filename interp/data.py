@@ -493,6 +493,16 @@ def left_aligned(tokens: Tokens, mask: torch.Tensor) -> tuple[Tokens, torch.Tens
     return tokens.gather(1, order), mask.sum(dim=1)
 
 
+def counted_positions(lengths: torch.Tensor, width: int, skip_first: bool) -> torch.Tensor:
+    """``[B, T]`` bool: the positions a statistic reads in left-aligned rows of these ``lengths``,
+    leaving position 0 (BOS) out when ``skip_first`` and the row has more than one token."""
+    pos = torch.arange(width, device=lengths.device)
+    counted = pos[None, :] < lengths[:, None]
+    if skip_first:
+        counted &= (pos[None, :] >= 1) | (lengths[:, None] <= 1)
+    return counted
+
+
 def refuse_padding(examples: Examples, what: str) -> None:
     """Raise when ``examples`` carry padding and ``what`` does not honour an attention mask."""
     if examples.padded:

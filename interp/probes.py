@@ -47,7 +47,7 @@ from interp import validate
 # table, so that adding a metric there adds its probe reducer too (allowed in setup.cfg's contract).
 from interp.attention.metrics import METRICS as ATTENTION_METRICS
 from interp.attention.metrics import AttentionMetric
-from interp.data import Examples, left_aligned
+from interp.data import Examples, counted_positions, left_aligned
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, InterpError, NonFiniteError
 from interp.io import ensure_writable_dir, write_json
@@ -73,16 +73,6 @@ def _position_mean(values: torch.Tensor, exclude_bos: bool, valid: torch.Tensor 
         return _positions(values, exclude_bos).mean(dim=1)
     weights = valid.to(values.dtype).reshape(*valid.shape, *([1] * (values.ndim - 2)))
     return (values * weights).sum(dim=1) / weights.sum(dim=1)
-
-
-def counted_positions(lengths: torch.Tensor, width: int, skip_first: bool) -> torch.Tensor:
-    """``[B, T]`` bool: the positions a statistic reads in left-aligned rows of these ``lengths``,
-    leaving position 0 (BOS) out when ``skip_first`` and the row has more than one token."""
-    pos = torch.arange(width, device=lengths.device)
-    counted = pos[None, :] < lengths[:, None]
-    if skip_first:
-        counted &= (pos[None, :] >= 1) | (lengths[:, None] <= 1)
-    return counted
 
 
 def reduce_norm(x: torch.Tensor, exclude_bos: bool = True, valid: torch.Tensor | None = None) -> torch.Tensor:

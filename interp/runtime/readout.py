@@ -12,6 +12,7 @@ from einops import rearrange
 from jaxtyping import Float, Int64
 from torch import Tensor
 
+from interp.data import counted_positions
 from interp.errors import ComponentError
 from interp.runtime import hooks as hk
 from interp.typing import Resid, TokenNLL, Tokens
@@ -113,6 +114,25 @@ class Readout:
         # several times faster than torch.logsumexp or an amax/exp/sum chain (benchmarks.md)
         return torch.nn.functional.cross_entropy(logits, targets.squeeze(-1), reduction="none")
 
-    def mean_nll(self, resid: Resid, tokens: Tokens) -> Float[Tensor, " batch"]:
-        """Mean next-token NLL per row (float64)."""
-        return self.token_nll(resid, tokens).double().mean(dim=1)
+    def mean_nll(self, resid: Resid, tokens: Tokens, lengths: Tensor | None = None) -> Float[Tensor, " batch"]:
+        """Mean next-token NLL per row (float64).
+
+        ``lengths [B]`` marks left-aligned padded rows (:func:`interp.data.left_aligned`): row
+        ``b`` averages the targets ``1 .. lengths[b] - 1`` only, and positions past its length
+        are never decoded, so pad positions cost nothing and cannot leak a NaN into the mean.
+        """
+        if lengths is None:
+            return self.token_nll(resid, tokens).double().mean(dim=1)
+        width = tokens.shape[1]
+        keep = counted_positions(lengths.to(resid.device), width, skip_first=True)[:, 1:]  # [B, T-1] targets
+        flat = resid[:, :-1][keep]
+        targets = tokens[:, 1:].to(resid.device)[keep]
+        if torch.is_grad_enabled() and flat.requires_grad:
+            rows = max(1, self.max_logits // self.vocab)
+            per = torch.cat([self._rows_nll(flat[i : i + rows], targets[i : i + rows, None])
+                             for i in range(0, flat.shape[0], rows)])
+        else:
+            per = self._nll_by_vocab_slices(self.norm(flat), targets)
+        total = torch.zeros(tokens.shape[0], dtype=torch.float64, device=resid.device)
+        total.index_add_(0, keep.nonzero()[:, 0], per.double())
+        return total / keep.sum(dim=1).clamp(min=1)
