@@ -493,6 +493,19 @@ def left_aligned(tokens: Tokens, mask: torch.Tensor) -> tuple[Tokens, torch.Tens
     return tokens.gather(1, order), mask.sum(dim=1)
 
 
+def aligned_rows(examples: Examples, start: int, end: int, device: Any = None) -> tuple[Tokens, torch.Tensor | None]:
+    """Rows ``start:end`` of ``examples`` on ``device``, ready for a causal forward.
+
+    Unpadded rows come back as they are, with ``None``; padded rows come back
+    :func:`left_aligned`, with their real lengths, for statistics that read positions
+    ``< length`` only (see :func:`counted_positions`).
+    """
+    tokens = examples.tokens[start:end].to(device)
+    if not examples.padded:
+        return tokens, None
+    return left_aligned(tokens, examples.attention_mask[start:end].to(tokens.device))
+
+
 def counted_positions(lengths: torch.Tensor, width: int, skip_first: bool) -> torch.Tensor:
     """``[B, T]`` bool: the positions a statistic reads in left-aligned rows of these ``lengths``,
     leaving position 0 (BOS) out when ``skip_first`` and the row has more than one token."""

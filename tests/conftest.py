@@ -15,6 +15,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])) if os.environ.get("OMP_NUM_THREADS", "").isdigit()
                       else max(1, min(2, os.cpu_count() or 1)))
 
+import float64_attention  # noqa: E402  (after the environment above)
+
+float64_attention.install()  # float64 test models keep their attention softmax in float64
+
 
 @pytest.fixture(scope="session")
 def smol():

@@ -13,6 +13,7 @@ import torch
 import interp
 from interp.data import Examples, examples_from_texts
 from interp.errors import DataError, InterpError
+from tolerances import EPS32, rounding_tol
 
 pytestmark = pytest.mark.numerical  # derived tolerances: CI reruns this file with one thread
 
@@ -95,12 +96,10 @@ def test_padding_changes_the_stored_row(tok) -> None:
 
 
 def test_entry_points_without_mask_support_refuse_padding(model64, tok) -> None:
-    from interp.localize.lens import early_exit
     from interp.localize.patching import joint_patches, patch
 
     ex = examples_from_texts(TEXTS, tok)
-    for call in (lambda: early_exit(model64, ex),
-                 lambda: patch(model64, model64, ex, joint_patches(["attn_out"], [0]))):
+    for call in (lambda: patch(model64, model64, ex, joint_patches(["attn_out"], [0])),):
         with pytest.raises(InterpError, match="padded examples"):
             call()
     same = examples_from_texts(["abcd", "efgh"], tok)
@@ -167,3 +166,46 @@ def test_bad_text_input_is_refused(tok) -> None:
         examples_from_texts(["a", "b"], tok, ids=["x", "x"])
     cut = examples_from_texts(["a long text to cut"], tok, max_len=5)
     assert cut.tokens.shape == (1, 5)
+
+
+def _stored(values: torch.Tensor) -> float:
+    """Two float32 roundings of the same float64 value differ by at most one ulp: EPS32 * |v|."""
+    return rounding_tol(1, float(values.abs().max()), EPS32) + EXACT
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("at", ["resid_mid", "resid_post"])
+def test_early_exit_of_padded_rows_equals_each_row_alone(model64, tok, side, at) -> None:
+    """The logit lens averages each row's real targets only: a padded batch equals each row run
+    alone (float64 inside; the result is stored in float32, hence one ulp)."""
+    from interp.localize.lens import early_exit
+
+    ex = examples_from_texts(TEXTS, tok, padding=side)
+    batched = early_exit(model64, ex, at=at, batch_size=3, progress=False).nll
+    alone = torch.cat([early_exit(model64, _alone(ex, i), at=at, progress=False).nll for i in range(len(TEXTS))], 1)
+    assert torch.isfinite(batched).all()
+    assert float((batched.double() - alone.double()).abs().max()) <= _stored(alone)
+    if at == "resid_post":  # the last layer's exit is the model's own NLL, padded or not
+        assert float((batched[-1].double() - interp.nll(model64, ex).double()).abs().max()) < 1e-6
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_tuned_lens_fit_and_exit_ignore_padding(model64, tok, side) -> None:
+    """The tuned lens's least-squares fit reads real positions only (so a padded calibration set
+    fits the same translators as the concatenated rows), and its exit averages real targets."""
+    from interp.localize.tuned_lens import fit_tuned_lens, tuned_early_exit
+
+    calib = examples_from_texts(TEXTS * 4, tok, padding=side)  # enough tokens for a d+1 system
+    lens = fit_tuned_lens(model64, calib, batch_size=5, progress=False)
+    one_by_one = fit_tuned_lens(model64, examples_from_texts(TEXTS * 4, tok, padding=side), batch_size=1,
+                                progress=False)
+    assert lens.settings["tokens"] == int(calib.attention_mask.sum()) - len(calib)  # real tokens, BOS out
+    # batches of 5 and of 1 pad differently: the same Gram sums in another order, solved in float64
+    # and stored in float32, so each weight may differ by one float32 ulp at most
+    ulp = rounding_tol(1, torch.maximum(lens.weight.abs(), one_by_one.weight.abs()), EPS32)
+    assert bool(((lens.weight - one_by_one.weight).abs() <= ulp).all())
+    ex = examples_from_texts(TEXTS, tok, padding=side)
+    batched = tuned_early_exit(model64, lens, ex, batch_size=3, progress=False).nll
+    alone = torch.cat([tuned_early_exit(model64, lens, _alone(ex, i), progress=False).nll
+                       for i in range(len(TEXTS))], 1)
+    assert float((batched.double() - alone.double()).abs().max()) <= _stored(alone)

@@ -46,7 +46,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.data import Examples, refuse_padding
+from interp.data import Examples, aligned_rows
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, InterpError, NonFiniteError
 from interp.runtime import hooks as hk
@@ -101,9 +101,9 @@ class EarlyExitResult(ResultDisplay):
         return pd.DataFrame({"nll": self.nll.double().flatten().numpy()}, index=index).reset_index()
 
 
-def _exit_hook(readout: Readout, tokens: Tokens, row: Tensor, stop: bool) -> Any:
+def _exit_hook(readout: Readout, tokens: Tokens, row: Tensor, stop: bool, lengths: Tensor | None = None) -> Any:
     def decode(x: Tensor, hook: Any) -> None:
-        row.copy_(readout.mean_nll(x, tokens).cpu())
+        row.copy_(readout.mean_nll(x, tokens, lengths).cpu())
         if stop:
             raise StopForward
     return decode
@@ -122,7 +122,8 @@ def early_exit(
 
     Args:
         model: a bridge (any family :func:`interp.load_model` describes: see docs/models.md).
-        examples: token rows.
+        examples: token rows; padded rows (``examples_from_texts``) are left-aligned and
+            each row averages its own real targets only, so padding changes nothing.
         at: ``"resid_post"`` (block output; the last layer's equals the model's NLL) or
             ``"resid_mid"`` (after attention, before the MLP).
         batch_size: examples per forward.
@@ -137,15 +138,14 @@ def early_exit(
         raise ComponentError(f"Early exit reads 'resid_mid' or 'resid_post'; got {at!r}.")
     layers = hk.check_layers(model, layers)
     check_context(model, examples.tokens)
-    refuse_padding(examples, "Early exit")
     readout = Readout(model, max_logits)
     nll = torch.empty(len(layers), len(examples), dtype=torch.float64)
     last = max(layers)
     device = next(model.original_model.parameters()).device
     bar = tqdm(total=len(examples), desc=f"early exit {at}", unit="ex", disable=not show_progress(progress))
     for start, end in batches(len(examples), batch_size):
-        tokens = examples.tokens[start:end].to(device)
-        fwd = [(hk.hook_point(model, at, layer), _exit_hook(readout, tokens, nll[i, start:end], layer == last))
+        tokens, lengths = aligned_rows(examples, start, end, device)
+        fwd = [(hk.hook_point(model, at, layer), _exit_hook(readout, tokens, nll[i, start:end], layer == last, lengths))
                for i, layer in enumerate(layers)]
         with torch.no_grad(), model.hooks(fwd_hooks=fwd):
             try:

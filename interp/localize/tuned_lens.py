@@ -40,7 +40,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from interp.data import Examples, refuse_padding
+from interp.data import Examples, aligned_rows, counted_positions
 from interp.errors import InterpError
 from interp.localize.lens import EarlyExitResult
 from interp.models import model_hash
@@ -106,12 +106,12 @@ def fit_tuned_lens(model: Any, examples: Examples, batch_size: int = 8, ridge: f
 
     Args:
         model: the reference bridge.
-        examples: calibration token rows (BOS positions are excluded from the fit).
+        examples: calibration token rows (BOS positions are excluded from the fit; padded
+            rows are left-aligned and only their real positions enter it).
         ridge: the ridge weight relative to the mean diagonal of each layer's Gram matrix.
     """
     layers = hk.check_layers(model, None)
     check_context(model, examples.tokens)
-    refuse_padding(examples, "The tuned lens")
     d = int(model.cfg.d_model)
     gram = torch.zeros(len(layers), d + 1, d + 1, dtype=torch.float64)
     cross = torch.zeros(len(layers), d + 1, d, dtype=torch.float64)
@@ -121,13 +121,20 @@ def fit_tuned_lens(model: Any, examples: Examples, batch_size: int = 8, ridge: f
     device = next(model.original_model.parameters()).device
     bar = tqdm(total=len(examples), desc="tuned lens", unit="ex", disable=not show_progress(progress))
     for start, end in batches(len(examples), batch_size):
-        resids, final = capture_layers(model, examples.tokens[start:end].to(device), layers)
-        y = final[:, 1:].reshape(-1, d).double().cpu()
+        tokens, lengths = aligned_rows(examples, start, end, device)
+        resids, final = capture_layers(model, tokens, layers)
+        if lengths is None:
+            keep = torch.ones(final.shape[:2], dtype=torch.bool, device=final.device)
+            keep[:, 0] = False
+        else:  # real positions only, BOS out
+            keep = counted_positions(lengths, tokens.shape[1], skip_first=True)
+            keep[:, 0] = False
+        y = final[keep].double().cpu()
         target_sq += (y * y).sum()
         target_sum += y.sum(0)
         rows += y.shape[0]
         for i, r in enumerate(resids):
-            x = torch.cat([r[:, 1:].reshape(-1, d).double().cpu(), torch.ones(y.shape[0], 1, dtype=torch.float64)],
+            x = torch.cat([r[keep].double().cpu(), torch.ones(y.shape[0], 1, dtype=torch.float64)],
                           dim=1)
             gram[i] += x.T @ x
             cross[i] += x.T @ y
@@ -157,7 +164,10 @@ def fit_tuned_lens(model: Any, examples: Examples, batch_size: int = 8, ridge: f
 def tuned_lens_cached(model: Any, calibration: Examples, cache_dir: str | os.PathLike[str], batch_size: int = 8,
                       progress: bool | None = None) -> TunedLens:
     """:func:`fit_tuned_lens`, cached as safetensors by (model hash, calibration rows, ridge)."""
-    digest = hashlib.sha256(calibration.tokens.numpy().tobytes()).hexdigest()[:12]
+    hashed = calibration.tokens.numpy().tobytes()
+    if calibration.padded:
+        hashed += calibration.attention_mask.numpy().tobytes()
+    digest = hashlib.sha256(hashed).hexdigest()[:12]
     path = Path(cache_dir) / f"tuned_lens-{model_hash(model)}-{digest}-r{RIDGE:g}.safetensors"
     if path.is_file():
         try:
@@ -173,7 +183,6 @@ def tuned_early_exit(model: Any, lens: TunedLens, examples: Examples, batch_size
                      progress: bool | None = None) -> EarlyExitResult:
     """Per-layer, per-example NLL decoding ``A_l r_l + b_l`` with ``model``'s head (``at="resid_post"``)."""
     check_context(model, examples.tokens)
-    refuse_padding(examples, "The tuned lens")
     layers = lens.layers
     if max(layers) >= hk.n_layers(model):
         raise InterpError(f"This tuned lens has {len(layers)} layers; the model has {hk.n_layers(model)}.")
@@ -182,12 +191,12 @@ def tuned_early_exit(model: Any, lens: TunedLens, examples: Examples, batch_size
     device = next(model.original_model.parameters()).device
     bar = tqdm(total=len(examples), desc="tuned lens exit", unit="ex", disable=not show_progress(progress))
     for start, end in batches(len(examples), batch_size):
-        tokens = examples.tokens[start:end].to(device)
+        tokens, lengths = aligned_rows(examples, start, end, device)
         resids, _ = capture_layers(model, tokens, layers)
         with torch.no_grad():
             for i, r in enumerate(resids):
-                pred = lens.translate(i, r.float())
-                nll[i, start:end] = readout.token_nll(pred, tokens, normed=True).double().mean(dim=1).cpu()
+                pred = lens.translate(i, r.float()).to(readout.weight.dtype)
+                nll[i, start:end] = readout.mean_nll(pred, tokens, lengths, normed=True).cpu()
         bar.update(end - start)
     bar.close()
     settings = {"model": getattr(getattr(model, "info", None), "name", "model"), "lens": "tuned",

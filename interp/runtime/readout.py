@@ -90,12 +90,13 @@ class Readout:
                              ) -> Float[Tensor, " rows"]:
         rows = normed.shape[0]
         step = min(self.vocab, max(256, self.max_logits // max(1, rows)))
-        peak = torch.full((rows,), -math.inf, device=normed.device)
-        total = torch.zeros(rows, device=normed.device)
-        picked = torch.zeros(rows, device=normed.device)
+        dtype = torch.promote_types(normed.dtype, torch.float32)  # float32, or float64 for a float64 model
+        peak = torch.full((rows,), -math.inf, device=normed.device, dtype=dtype)
+        total = torch.zeros(rows, device=normed.device, dtype=dtype)
+        picked = torch.zeros(rows, device=normed.device, dtype=dtype)
         for start in range(0, self.vocab, step):
             bias = None if self.bias is None else self.bias[start : start + step]
-            logits = torch.nn.functional.linear(normed, self.weight[start : start + step], bias).float()
+            logits = torch.nn.functional.linear(normed, self.weight[start : start + step], bias).to(dtype)
             if self.softcap:
                 logits = torch.tanh(logits / self.softcap) * self.softcap
             inside = (targets >= start) & (targets < start + logits.shape[1])
@@ -109,30 +110,33 @@ class Readout:
 
     def _rows_nll(self, resid: Float[Tensor, "rows d_model"], targets: Int64[Tensor, "rows 1"],
                   normed: bool = False) -> Float[Tensor, " rows"]:
-        logits = (self.head(resid) if normed else self.logits(resid)).float()
+        logits = self.head(resid) if normed else self.logits(resid)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         # cross_entropy fuses log-softmax and gather in one pass over the chunk; on CPU it is
         # several times faster than torch.logsumexp or an amax/exp/sum chain (benchmarks.md)
         return torch.nn.functional.cross_entropy(logits, targets.squeeze(-1), reduction="none")
 
-    def mean_nll(self, resid: Resid, tokens: Tokens, lengths: Tensor | None = None) -> Float[Tensor, " batch"]:
+    def mean_nll(self, resid: Resid, tokens: Tokens, lengths: Tensor | None = None,
+                 normed: bool = False) -> Float[Tensor, " batch"]:
         """Mean next-token NLL per row (float64).
 
         ``lengths [B]`` marks left-aligned padded rows (:func:`interp.data.left_aligned`): row
         ``b`` averages the targets ``1 .. lengths[b] - 1`` only, and positions past its length
         are never decoded, so pad positions cost nothing and cannot leak a NaN into the mean.
+        ``normed=True`` means ``resid`` already went through the final norm.
         """
         if lengths is None:
-            return self.token_nll(resid, tokens).double().mean(dim=1)
+            return self.token_nll(resid, tokens, normed=normed).double().mean(dim=1)
         width = tokens.shape[1]
         keep = counted_positions(lengths.to(resid.device), width, skip_first=True)[:, 1:]  # [B, T-1] targets
         flat = resid[:, :-1][keep]
         targets = tokens[:, 1:].to(resid.device)[keep]
         if torch.is_grad_enabled() and flat.requires_grad:
             rows = max(1, self.max_logits // self.vocab)
-            per = torch.cat([self._rows_nll(flat[i : i + rows], targets[i : i + rows, None])
+            per = torch.cat([self._rows_nll(flat[i : i + rows], targets[i : i + rows, None], normed)
                              for i in range(0, flat.shape[0], rows)])
         else:
-            per = self._nll_by_vocab_slices(self.norm(flat), targets)
+            per = self._nll_by_vocab_slices(flat if normed else self.norm(flat), targets)
         total = torch.zeros(tokens.shape[0], dtype=torch.float64, device=resid.device)
         total.index_add_(0, keep.nonzero()[:, 0], per.double())
         return total / keep.sum(dim=1).clamp(min=1)
