@@ -146,7 +146,7 @@ def _score_args(p: argparse.ArgumentParser) -> None:
 @command("score", "per-example quantization error NLL(quant) - NLL(ref) for several specs (resumable)",
          _score_args)
 def cmd_score(args: argparse.Namespace) -> int:
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: see interp/distributed.py
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: see interp/quant/distributed.py
         from interp.quant.distributed import cli_score
 
         return cli_score(args)
