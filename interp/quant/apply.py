@@ -22,8 +22,10 @@ step      linear layers                        their input
 
 The inputs are read at the bridge hook points named by
 :func:`interp.runtime.hooks.linear_input_hook`; every token position, BOS included, is a
-calibration row. Each block is run on its own (its inputs are kept between blocks): one
-forward per calibration batch that pauses at each group's input while the group is
+calibration row; in padded calibration examples only the real tokens are (each batch is
+left-aligned and the pad positions are dropped before any statistic, see
+:class:`~interp.quant.calibration.LayerFeeder`). Each block is run on its own (its inputs
+are kept between blocks): one forward per calibration batch that pauses at each group's input while the group is
 quantized (:class:`~interp.quant.calibration.PausedBlock`), checked on the first block to
 give the same inputs to the bit as re-running the block from its start for each group
 (about 2.3 block forwards), which is used instead when it does not. Each group's inputs
@@ -64,7 +66,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from interp import models
-from interp.data import Examples, refuse_padding
+from interp.data import Examples
 from interp.errors import ComponentError, InterpError, SpecError
 from interp.io import ensure_writable_dir, write_json
 from interp.models import model_hash  # a model's identity lives with the models; re-exported here
@@ -128,11 +130,18 @@ class QuantInfo:
 
 
 def examples_hash(examples: Examples | None) -> str:
-    """A short identity for a set of token rows (``"none"`` for ``None``)."""
+    """A short identity for a set of token rows (``"none"`` for ``None``).
+
+    Padded rows also hash their attention mask (the same ids padded differently are other
+    calibration text); unpadded rows hash as before.
+    """
     if examples is None:
         return "none"
     digest = hashlib.sha256(str(tuple(examples.tokens.shape)).encode())
     digest.update(examples.tokens.to(torch.int64).cpu().contiguous().numpy().tobytes())
+    if examples.padded:
+        assert examples.attention_mask is not None
+        digest.update(b"mask" + examples.attention_mask.to(torch.bool).cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
 
 
@@ -211,7 +220,6 @@ def quantize(
         calibration = None
     if calibration is not None:
         check_examples(model, calibration)  # rows within the context and vocabulary, same tokenizer
-        refuse_padding(calibration, "Calibration for quantization")
     reference_hash = model_hash(model)
     qmodel = copy.deepcopy(model)
     qmodel.eval()
@@ -224,7 +232,10 @@ def quantize(
     )
     bar = tqdm(total=n, desc=f"quantize {spec.method}{spec.bits}", unit="layer", disable=not show_progress(progress))
     start = time.perf_counter()
-    feeder = LayerFeeder(qmodel, calibration.tokens, batch_size) if calibration is not None else None
+    feeder = None
+    if calibration is not None:  # padded rows: only their real tokens are calibration rows (see LayerFeeder)
+        mask = calibration.attention_mask if calibration.padded else None
+        feeder = LayerFeeder(qmodel, calibration.tokens, batch_size, mask=mask)
     calibration_seconds = time.perf_counter() - start
     for layer in range(n):
         layer_start = time.perf_counter()

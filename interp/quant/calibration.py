@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from interp.data import Examples, load_examples
+from interp.data import Examples, counted_positions, left_aligned, load_examples
 from interp.errors import ComponentError, InterpError
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.runtime import hooks
@@ -68,14 +68,25 @@ class LayerFeeder:
     captured once from the first block. :meth:`inputs` and :meth:`advance` re-run the
     block from its start for each group of linear layers (the reference scheme);
     :meth:`paused` runs it once, pausing at each group (:class:`PausedBlock`).
+
+    Padded calibration rows (``mask``: the examples' attention mask, True at real tokens)
+    are left-aligned batch by batch and cut to the batch's longest row: under the causal
+    mask their real tokens come first, keep their positions and never see the padding
+    behind them, so each real position gets the activations it has with its row alone.
+    ``keeps`` records, per batch, the real positions (None: all of them); the linear
+    inputs are read at those positions only, so no pad position enters a statistic and
+    every token count is a count of real tokens. Without a mask nothing changes.
     """
 
-    def __init__(self, model: Any, tokens: torch.Tensor, batch_size: int) -> None:
+    def __init__(self, model: Any, tokens: torch.Tensor, batch_size: int,
+                 mask: torch.Tensor | None = None) -> None:
         self.model = model
         self.block_list = hooks.blocks(model)
         # whether a PausedBlock gives the re-run's inputs on this model: decided on the first block
         self.pauses: bool | None = None
         self.states: list[tuple[torch.Tensor, dict[str, Any]]] = []
+        # per batch: [B, T] bool, the real (counted) positions of the left-aligned rows; None: every position
+        self.keeps: list[torch.Tensor | None] = []
         device = next(model.original_model.parameters()).device
         captured: dict[str, Any] = {}
 
@@ -90,11 +101,13 @@ class LayerFeeder:
         try:
             with torch.no_grad():
                 for start, end in batches(len(tokens), batch_size):
+                    rows, keep = _aligned(tokens[start:end], None if mask is None else mask[start:end])
                     try:
-                        model.original_model(input_ids=tokens[start:end].to(device), use_cache=False)
+                        model.original_model(input_ids=rows.to(device), use_cache=False)
                     except _Stop:
                         pass
                     self.states.append(captured.pop("state"))
+                    self.keeps.append(keep)
         finally:
             handle.remove()
 
@@ -103,12 +116,15 @@ class LayerFeeder:
         name = hooks.linear_input_hook(self.model, layer, role)
         chunks: list[torch.Tensor] = []
 
+        batch: dict[str, torch.Tensor | None] = {}
+
         def grab(x: torch.Tensor, hook: Any) -> None:
-            chunks.append(_rows(x))
+            chunks.append(_rows(x, batch["keep"]))
             raise _Stop
 
         with torch.no_grad(), self.model.hooks(fwd_hooks=[(name, grab)]):
-            for hidden, kwargs in self.states:
+            for (hidden, kwargs), keep in zip(self.states, self.keeps, strict=True):
+                batch["keep"] = keep
                 try:
                     self.block_list[layer](hidden, **kwargs)
                 except _Stop:
@@ -129,9 +145,32 @@ class LayerFeeder:
         return PausedBlock(self, layer, groups)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """``[batch, pos, ..., d_in]`` -> float32 ``[batch * pos, d_in]`` on the CPU."""
-    return x.detach().reshape(x.shape[0] * x.shape[1], -1).float().cpu()
+def _aligned(tokens: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(rows, keep)``: a batch as the block forwards see it, and its real positions (None: all).
+
+    Unpadded rows go as they are. Padded rows are left-aligned (:func:`interp.data.left_aligned`)
+    and cut to the longest row; ``keep[b, t]`` is ``t < length[b]``.
+    """
+    if mask is None or bool(mask.all()):
+        return tokens, None
+    rows, lengths = left_aligned(tokens, mask.to(tokens.device))
+    width = int(lengths.max())
+    rows = rows[:, :width]
+    keep = counted_positions(lengths, width, skip_first=False)
+    return rows, None if bool(keep.all()) else keep
+
+
+def _rows(x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """``[batch, pos, ..., d_in]`` -> float32 ``[n_tokens, d_in]`` on the CPU: every position, or those ``keep`` marks.
+
+    ``keep`` (``[batch, pos]`` bool) drops the pad positions of left-aligned padded rows
+    before anything is accumulated, so ``n_tokens`` counts real tokens only.
+    """
+    x = x.detach()
+    if keep is None:
+        return x.reshape(x.shape[0] * x.shape[1], -1).float().cpu()
+    real = x[keep.to(x.device)]  # [n_real, ..., d_in], rows in (batch, position) order
+    return real.reshape(real.shape[0], -1).float().cpu()
 
 
 def _hidden(out: Any) -> torch.Tensor:
@@ -152,6 +191,7 @@ class _Run:
 
     hidden: torch.Tensor
     kwargs: dict[str, Any]
+    keep: torch.Tensor | None = None  # the batch's real positions (None: all), see LayerFeeder
     arrived: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
     resume: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
     thread: threading.Thread | None = None
@@ -182,7 +222,8 @@ class PausedBlock:
     def __init__(self, feeder: LayerFeeder, layer: int, groups: Sequence[Sequence[str]]) -> None:
         self.feeder, self.layer = feeder, layer
         self.groups = [list(g) for g in groups]
-        self.runs = [_Run(hidden, kwargs) for hidden, kwargs in feeder.states]
+        self.runs = [_Run(hidden, kwargs, keep) for (hidden, kwargs), keep in zip(feeder.states, feeder.keeps,
+                                                                                   strict=True)]
         self.aborted = False
         self._local = threading.local()
         hooks_by_name: dict[str, int] = {}
@@ -259,7 +300,7 @@ class PausedBlock:
             self._step(run)
             if run.done or run.next_group != group + 1 or run.captured is None:
                 raise OutOfOrder(f"block {self.layer} did not reach the input of {self.groups[group]} in order")
-            chunks.append(_rows(run.captured))
+            chunks.append(_rows(run.captured, run.keep))
             run.captured = None
         return torch.cat(chunks)
 
