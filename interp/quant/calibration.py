@@ -64,9 +64,12 @@ class LayerFeeder:
     """Calibration activations entering one block at a time, for sequential quantization.
 
     Holds, per calibration batch, the hidden states entering the current block and the
-    keyword arguments the model passes to every block (causal mask, rotary embeddings),
-    captured once from the first block. :meth:`inputs` and :meth:`advance` re-run the
-    block from its start for each group of linear layers (the reference scheme);
+    keyword arguments the model passes to that block (causal mask, rotary embeddings).
+    Those are captured from the first block of each layer type (``config.layer_types``:
+    Gemma-2 alternates sliding-window and full attention, Gemma-3 also keeps rotary
+    embeddings per type), so each block is run with its own mask; a model without layer
+    types passes every block the first block's. :meth:`inputs` and :meth:`advance` re-run
+    the block from its start for each group of linear layers (the reference scheme);
     :meth:`paused` runs it once, pausing at each group (:class:`PausedBlock`).
 
     Padded calibration rows (``mask``: the examples' attention mask, True at real tokens)
@@ -87,17 +90,30 @@ class LayerFeeder:
         self.states: list[tuple[torch.Tensor, dict[str, Any]]] = []
         # per batch: [B, T] bool, the real (counted) positions of the left-aligned rows; None: every position
         self.keeps: list[torch.Tensor | None] = []
+        # each block's layer type, and per batch the keyword arguments of each type's blocks
+        self.kinds = _layer_kinds(model, len(self.block_list))
+        self._kwargs: list[dict[str, dict[str, Any]]] = []
+        firsts: dict[str, int] = {}
+        for index, kind in enumerate(self.kinds):
+            firsts.setdefault(kind, index)
+        last = max(firsts.values())
         device = next(model.original_model.parameters()).device
         captured: dict[str, Any] = {}
 
-        def catch(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            hidden = args[0] if args else kwargs["hidden_states"]
-            rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
-            rest.update(past_key_values=None, use_cache=False)
-            captured["state"] = (hidden.detach(), rest)
-            raise _Stop
+        def catcher(index: int) -> Any:
+            def catch(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                if index == 0:
+                    captured["hidden"] = (args[0] if args else kwargs["hidden_states"]).detach()
+                rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+                rest.update(past_key_values=None, use_cache=False)
+                captured.setdefault("kwargs", {})[self.kinds[index]] = rest
+                if index == last:
+                    raise _Stop
 
-        handle = self.block_list[0].register_forward_pre_hook(catch, with_kwargs=True)
+            return catch
+
+        handles = [self.block_list[index].register_forward_pre_hook(catcher(index), with_kwargs=True)
+                   for index in sorted(firsts.values())]
         try:
             with torch.no_grad():
                 for start, end in batches(len(tokens), batch_size):
@@ -106,10 +122,13 @@ class LayerFeeder:
                         model.original_model(input_ids=rows.to(device), use_cache=False)
                     except _Stop:
                         pass
-                    self.states.append(captured.pop("state"))
+                    by_kind = captured.pop("kwargs")
+                    self._kwargs.append(by_kind)
+                    self.states.append((captured.pop("hidden"), by_kind[self.kinds[0]]))
                     self.keeps.append(keep)
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
 
     def inputs(self, layer: int, role: str) -> torch.Tensor:
         """``[n_tokens, d_in]``: the input of linear ``role`` of block ``layer`` on all calibration tokens."""
@@ -139,10 +158,21 @@ class LayerFeeder:
     def advance(self, layer: int, outputs: list[torch.Tensor] | None = None) -> None:
         """Move the states to the input of block ``layer + 1``: ``outputs`` of block ``layer``, or run it now."""
         outputs = self.outputs(layer) if outputs is None else outputs
-        self.states = [(out, kwargs) for out, (_, kwargs) in zip(outputs, self.states, strict=True)]
+        kind = self.kinds[min(layer + 1, len(self.kinds) - 1)]
+        self.states = [(out, by_kind[kind]) for out, by_kind in zip(outputs, self._kwargs, strict=True)]
 
     def paused(self, layer: int, groups: Sequence[Sequence[str]]) -> PausedBlock:
         return PausedBlock(self, layer, groups)
+
+
+def _layer_kinds(model: Any, n_layers: int) -> list[str]:
+    """Each block's layer type from the model's config (``layer_types``); one type for all when it has none."""
+    config = model.original_model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kinds = getattr(config, "layer_types", None)
+    if not isinstance(kinds, (list, tuple)) or len(kinds) != n_layers:
+        return ["all"] * n_layers
+    return [str(kind) for kind in kinds]
 
 
 def _aligned(tokens: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
