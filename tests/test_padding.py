@@ -96,10 +96,10 @@ def test_padding_changes_the_stored_row(tok) -> None:
 
 
 def test_entry_points_without_mask_support_refuse_padding(model64, tok) -> None:
-    from interp.localize.patching import joint_patches, patch
+    from interp.localize.patching import attribution  # patch() honours the mask: tests/test_padding_patching.py
 
     ex = examples_from_texts(TEXTS, tok)
-    for call in (lambda: patch(model64, model64, ex, joint_patches(["attn_out"], [0])),):
+    for call in (lambda: attribution(model64, model64, ex, ["attn_out"], [0]),):
         with pytest.raises(InterpError, match="padded examples"):
             call()
     same = examples_from_texts(["abcd", "efgh"], tok)

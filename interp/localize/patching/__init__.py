@@ -18,6 +18,11 @@ Two front ends share one engine (:func:`patch`):
   The target run is the corrupted prompt, the source the clean one ("denoising"); the
   metric is the logit difference between a right and a wrong answer token.
 
+:func:`patch` and :func:`patch_naive` also take padded examples (``attention_mask``) and
+source rows of other lengths than the target's: each row counts as its real tokens alone,
+and a pair is aligned at its last real token (negative positions count from each row's
+end; see :func:`patch` and docs/patching.md).
+
 Components are semantic names (see :mod:`interp.runtime.hooks`): ``resid_pre``, ``resid_mid``,
 ``resid_post``, ``attn_out``, ``head`` (per-head ``z``, optionally a subset of heads),
 ``gate`` (the gate *pre-activation*; the activation is deterministic, so this equals

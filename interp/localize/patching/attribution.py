@@ -83,7 +83,7 @@ def attribution(
     only), so each estimate is the linearisation of the corresponding exact patch.
     """
     source_examples = source_examples if source_examples is not None else examples
-    _check_pair(target, source, examples, source_examples)
+    _check_pair(target, source, examples, source_examples, unpadded="Attribution patching")
     chosen = resolve_layers(target, layers)
     points = [(c, layer) for c in components for layer in chosen]
     for c, layer in points:

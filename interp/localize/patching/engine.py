@@ -11,6 +11,13 @@ How the engine saves time without changing results:
    ``max_rows``), and patches starting higher join the stack when it reaches their layer;
 4. the metric is computed from the final residual in row chunks, never as ``[rows, T, vocab]``.
 
+Padded examples and pairs of different lengths (see :func:`patch`) take a second path, only
+when the rows need it: each row is left-aligned (:func:`interp.data.left_aligned`, its real
+tokens first, so under the causal mask they never see padding and keep their own position
+ids), the source's activations are moved to the target row's positions (the two rows
+aligned at their last real token), each patch writes through a per-row mask, and the metric
+reads positions ``< length`` only. Unpadded rows of one length run exactly as before.
+
 Example:
     >>> import interp, torch
     >>> from interp.localize.patching.engine import patch, patch_naive
@@ -27,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,7 +45,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.data import Examples, refuse_padding
+from interp.data import Examples, left_aligned, refuse_padding
 from interp.errors import ComponentError, DataError, InterpError, NonFiniteError
 from interp.localize.patching.metrics import Metric, PerRow, _metric
 from interp.localize.patching.patches import Patch
@@ -68,33 +76,154 @@ def _assign(x: Tensor, row: int, src: Tensor, positions: Tensor | None, heads: T
         view[:, grid, heads] = src[:, grid, heads]
 
 
-def _replacer(entries: list[tuple[int, Tensor, Tensor | None, Tensor | None]]) -> Callable[[Tensor, Any], Tensor]:
+def _assign_masked(x: Tensor, row: int, src: Tensor, mask: Tensor) -> None:
+    """Overwrite rows ``row:row+B`` of ``x`` with ``src`` where ``mask`` ([B, T] or [B, T, heads]) is set."""
+    view = x[row : row + src.shape[0]]
+    view[mask] = src[mask]
+
+
+_Entry = tuple[int, Tensor, Tensor | None, Tensor | None, Tensor | None]  # row, src, positions, heads, mask
+
+
+def _replacer(entries: list[_Entry]) -> Callable[[Tensor, Any], Tensor]:
     def replace(x: Tensor, hook: Any) -> Tensor:
         x = x.clone()
-        for row, src, positions, heads in entries:
-            _assign(x, row, src, positions, heads)
+        for row, src, positions, heads, mask in entries:
+            if mask is None:
+                _assign(x, row, src, positions, heads)
+            else:
+                _assign_masked(x, row, src, mask)
         return x
     return replace
 
 
-def _as_index(values: tuple[int, ...] | None) -> Tensor | None:
-    return None if values is None else torch.tensor(values, dtype=torch.long)
+def _as_index(values: tuple[int, ...] | None, width: int | None = None) -> Tensor | None:
+    """Indices as a tensor; with ``width``, negative positions counted from the end (-1 = ``width - 1``)."""
+    if values is None:
+        return None
+    return torch.tensor(values if width is None else [q % width for q in values], dtype=torch.long)
 
 
 def _patch_hooks(model: Any, jobs: Sequence[Patch], cache: Mapping[Key, Tensor], batch: int,
-                 layer: int | None = None) -> list[tuple[str, Callable[..., Any]]]:
-    """Hooks applying job ``j`` to rows ``j*batch:(j+1)*batch`` (only at ``layer`` when given)."""
-    grouped: dict[str, list[tuple[int, Tensor, Tensor | None, Tensor | None]]] = {}
+                 layer: int | None = None, masks: Sequence[Tensor] | None = None
+                 ) -> list[tuple[str, Callable[..., Any]]]:
+    """Hooks applying job ``j`` to rows ``j*batch:(j+1)*batch`` (only at ``layer`` when given).
+
+    ``masks[j]`` (padded or unequal pairs) says which target positions (and heads) job ``j``
+    overwrites, per row; ``cache`` then holds the source already moved to the target's positions.
+    """
+    grouped: dict[str, list[_Entry]] = {}
     for j, job in enumerate(jobs):
         for patched_layer in job.layers:
             if layer is not None and patched_layer != layer:
                 continue
             name = hk.hook_point(model, job.component, patched_layer)
             src = cache[(job.component, patched_layer)]
-            grouped.setdefault(name, []).append((j * batch, src, _as_index(job.positions), _as_index(job.heads)))
+            if masks is not None:
+                entry: _Entry = (j * batch, src, None, None, masks[j])
+            else:
+                entry = (j * batch, src, _as_index(job.positions, src.shape[1]), _as_index(job.heads), None)
+            grouped.setdefault(name, []).append(entry)
     return [(name, _replacer(entries)) for name, entries in grouped.items()]
 
 
+# ---------------------------------------------------------------------------------------
+# Padded examples and pairs of different lengths: rows left-aligned, aligned at their ends
+
+
+@dataclass(frozen=True)
+class _Lengths:
+    """Real tokens per row of the target and source examples (present only when some row needs aligning)."""
+
+    target: Tensor
+    source: Tensor
+
+
+def _row_lengths(examples: Examples) -> Tensor:
+    if examples.attention_mask is None:
+        return torch.full((len(examples),), examples.seq_len, dtype=torch.long)
+    return examples.attention_mask.sum(dim=1)
+
+
+def _pair_lengths(examples: Examples, source_examples: Examples) -> _Lengths | None:
+    """``None`` for unpadded rows of one width (the plain path), else every row's real lengths."""
+    if not (examples.padded or source_examples.padded or examples.seq_len != source_examples.seq_len):
+        return None
+    return _Lengths(_row_lengths(examples), _row_lengths(source_examples))
+
+
+def _aligned_rows(tokens: Tokens, mask: Tensor | None) -> tuple[Tokens, Tensor]:
+    """Rows with their real tokens first, cut to the longest row: ``(tokens, lengths)``."""
+    if mask is None:
+        return tokens, torch.full((tokens.shape[0],), tokens.shape[1], dtype=torch.long, device=tokens.device)
+    tokens, lengths = left_aligned(tokens, mask.to(tokens.device))
+    return tokens[:, : int(lengths.max())], lengths
+
+
+def _row_positions(q: int, target_len: Tensor) -> Tensor:
+    """Target-row position of patch position ``q`` per row (negative ``q`` counts from each row's end)."""
+    return target_len + q if q < 0 else torch.full_like(target_len, q)
+
+
+def _job_mask(job: Patch, target_len: Tensor, source_len: Tensor, width: int, n_heads: int) -> Tensor:
+    """``[B, width]`` (``[B, width, heads]`` for a head subset): the target positions ``job`` overwrites."""
+    b = target_len.shape[0]
+    pos = torch.arange(width, device=target_len.device)
+    if job.positions is None:  # the last min(len_t, len_s) real positions of each target row
+        first = (target_len - source_len).clamp(min=0)
+        mask = (pos[None] >= first[:, None]) & (pos[None] < target_len[:, None])
+    else:
+        mask = torch.zeros(b, width, dtype=torch.bool, device=target_len.device)
+        rows = torch.arange(b, device=target_len.device)
+        for q in job.positions:
+            mask[rows, _row_positions(q, target_len)] = True
+    if job.heads is not None:
+        chosen = torch.zeros(n_heads, dtype=torch.bool, device=mask.device)
+        chosen[list(job.heads)] = True
+        mask = mask[:, :, None] & chosen
+    return mask
+
+
+def _end_aligned(src: Tensor, target_len: Tensor, source_len: Tensor, width: int) -> Tensor:
+    """``src [B, Ts, ...]`` moved to the target rows' positions: target position ``p`` of row
+    ``b`` gets source position ``p + source_len[b] - target_len[b]`` (clamped where there is
+    none; the job masks never read those)."""
+    pos = torch.arange(width, device=src.device)
+    index = (pos[None] + (source_len - target_len).to(src.device)[:, None]).clamp(0, src.shape[1] - 1)
+    return src[torch.arange(src.shape[0], device=src.device)[:, None], index]
+
+
+def _check_positions(patches: Sequence[Patch], lengths: _Lengths, ids: Sequence[str]) -> None:
+    """Every explicit position names a real target position with an end-aligned source counterpart."""
+    target, source = lengths.target, lengths.source
+    for p in patches:
+        for q in p.positions or ():
+            if q < 0:
+                bad = torch.minimum(target, source) < -q
+            else:
+                bad = (target <= q) | (q < target - source)
+            if bool(bad.any()):
+                row = int(bad.nonzero()[0, 0])
+                raise DataError(
+                    f"Patch {p.label}: position {q} has no counterpart in example {ids[row]!r} (target "
+                    f"{int(target[row])} real tokens, source {int(source[row])}; rows are aligned at their last "
+                    "real token). Count positions from the end (-1 is the answer position), or use positions "
+                    "that every target row has and its source row matches.")
+
+
+def _takes_lengths(metric: Metric) -> bool:
+    return all("lengths" in inspect.signature(method).parameters
+               for method in (metric.from_resid, metric.from_logits))
+
+
+def _metric_values(metric: Metric, fn: str, *args: Any, lengths: Tensor | None) -> PerRow:
+    """``metric.<fn>(*args)``, with ``lengths=`` only for aligned rows (metrics of their own may lack it)."""
+    method = getattr(metric, fn)
+    return method(*args) if lengths is None else method(*args, lengths=lengths)
+
+
+# ---------------------------------------------------------------------------------------
+# Checks
 
 
 def _checked_patches(model: Any, patches: Sequence[Patch], seq_len: int) -> list[Patch]:
@@ -105,23 +234,54 @@ def _checked_patches(model: Any, patches: Sequence[Patch], seq_len: int) -> list
     for p in patches:
         for layer in p.layers:
             hk.hook_point(model, p.component, layer)  # raises a ComponentError naming the problem
-        if p.positions is not None and any(not 0 <= q < seq_len for q in p.positions):
-            raise ComponentError(f"Patch {p.label}: positions must lie in 0..{seq_len - 1}.")
+        if p.positions is not None and any(not -seq_len <= q < seq_len for q in p.positions):
+            raise ComponentError(f"Patch {p.label}: positions must lie in 0..{seq_len - 1} (or -{seq_len}..-1, "
+                                 "counted from each row's end).")
         if p.heads is not None and any(not 0 <= h < n_heads for h in p.heads):
             raise ComponentError(f"Patch {p.label}: heads must lie in 0..{n_heads - 1}.")
     return [Patch(p.component, tuple(hk.check_layers(model, p.layers)), p.positions, p.heads) for p in patches]
 
 
-def _check_pair(target: Any, source: Any, examples: Examples, source_examples: Examples) -> None:
+def _check_pair(target: Any, source: Any, examples: Examples, source_examples: Examples,
+                unpadded: str | None = None) -> None:
+    """Two models of one architecture and one source row per target row.
+
+    ``unpadded`` names an entry point that still needs unpadded rows of one shape (attribution).
+    """
     if hk.n_layers(target) != hk.n_layers(source) or target.cfg.d_model != source.cfg.d_model:
         raise ComponentError("Patching needs two models with the same architecture (layers and widths).")
-    if source_examples.tokens.shape != examples.tokens.shape:
+    if len(source_examples) != len(examples):
+        raise DataError(f"Patching pairs each target example with one source example: got {len(examples)} target "
+                        f"and {len(source_examples)} source examples.")
+    if unpadded is not None and source_examples.tokens.shape != examples.tokens.shape:
         raise DataError(f"Source and target token rows must have the same shape; got "
                         f"{tuple(source_examples.tokens.shape)} and {tuple(examples.tokens.shape)}.")
     check_examples(target, examples)
     check_examples(source, source_examples)
-    refuse_padding(examples, "Activation patching")
-    refuse_padding(source_examples, "Activation patching")
+    if unpadded is not None:
+        refuse_padding(examples, unpadded)
+        refuse_padding(source_examples, unpadded)
+
+
+def _checked_lengths(examples: Examples, source_examples: Examples, patches: Sequence[Patch],
+                     metric: Metric) -> _Lengths | None:
+    """The rows' real lengths when they need aligning (``None`` otherwise), all checked before any forward."""
+    lengths = _pair_lengths(examples, source_examples)
+    check = getattr(metric, "check_lengths", None)
+    if lengths is None:
+        if check is not None:
+            full = torch.full((len(examples),), examples.seq_len, dtype=torch.long)
+            check(full, examples.ids, "target")
+        return None
+    if not _takes_lengths(metric):
+        raise DataError(f"The metric {type(metric).__name__} takes no lengths=, so it cannot skip pad positions: "
+                        "padded examples and pairs of different lengths need a metric whose from_resid and "
+                        "from_logits accept lengths (NLLMetric and LogitDiffMetric do).")
+    _check_positions(patches, lengths, examples.ids)
+    if check is not None:
+        check(lengths.target, examples.ids, "target")
+        check(lengths.source, source_examples.ids, "source")
+    return lengths
 
 
 def _source_keys(patches: Sequence[Patch]) -> list[Key]:
@@ -144,6 +304,8 @@ class _Batch:
     index: Tensor
     source_cache: dict[Key, Tensor]
     target_cache: dict[Key, Tensor]
+    lengths: Tensor | None = None  # aligned rows: the target rows' real lengths
+    masks: list[Tensor] | None = None  # aligned rows: per patch, the target positions it overwrites
 
 
 class _Engine:
@@ -154,7 +316,15 @@ class _Engine:
         self.verified = self.runner is None
         self.order = sorted(range(len(patches)), key=lambda j: patches[j].start)
 
-    def prepare(self, tokens: Tokens, source_tokens: Tokens, index: Tensor) -> tuple[_Batch, PerRow, PerRow]:
+    def prepare(self, tokens: Tokens, source_tokens: Tokens, index: Tensor, masks: tuple[Tensor | None, Tensor | None]
+                | None = None) -> tuple[_Batch, PerRow, PerRow]:
+        """Capture the source and the target's cached residuals for one batch; ``masks`` (the
+        target's and source's attention masks, or ``None`` for a side without padding) is given
+        when the rows need aligning."""
+        lengths = source_lengths = None
+        if masks is not None:
+            tokens, lengths = _aligned_rows(tokens, masks[0])
+            source_tokens, source_lengths = _aligned_rows(source_tokens, masks[1])
         source_cache, source_final = capture(self.source, source_tokens, _source_keys(self.patches))
         keys: list[Key] = []
         if self.runner is not None:
@@ -169,19 +339,31 @@ class _Engine:
                               stacklevel=3)
                 self.runner = None
             self.verified = True
-        source_value = self.metric.from_resid(self.readout_source, source_final, source_tokens, index)
-        target_value = self.metric.from_resid(self.readout_target, target_final, tokens, index)
-        return _Batch(tokens, index, source_cache, target_cache), target_value, source_value
+        source_value = _metric_values(self.metric, "from_resid", self.readout_source, source_final, source_tokens,
+                                      index, lengths=source_lengths)
+        target_value = _metric_values(self.metric, "from_resid", self.readout_target, target_final, tokens, index,
+                                      lengths=lengths)
+        batch = _Batch(tokens, index, source_cache, target_cache)
+        if lengths is not None and source_lengths is not None:
+            width, n_heads = tokens.shape[1], int(self.target.cfg.n_heads)
+            batch.source_cache = {key: _end_aligned(x, lengths, source_lengths, width)
+                                  for key, x in source_cache.items()}
+            batch.masks = [_job_mask(job, lengths, source_lengths, width, n_heads) for job in self.patches]
+            batch.lengths = lengths
+        return batch, target_value, source_value
 
     def run_window(self, batch: _Batch, window: list[int]) -> Float[Tensor, "jobs batch"]:
         jobs = [self.patches[j] for j in window]
+        masks = None if batch.masks is None else [batch.masks[j] for j in window]
         b = batch.tokens.shape[0]
-        final = self._staggered(batch, jobs) if self.runner is not None else self._full(batch, jobs)
+        final = self._staggered(batch, jobs, masks) if self.runner is not None else self._full(batch, jobs, masks)
         tokens = batch.tokens.repeat(len(jobs), 1)
-        values = self.metric.from_resid(self.readout_target, final, tokens, batch.index.repeat(len(jobs)))
+        lengths = None if batch.lengths is None else batch.lengths.repeat(len(jobs))
+        values = _metric_values(self.metric, "from_resid", self.readout_target, final, tokens,
+                                batch.index.repeat(len(jobs)), lengths=lengths)
         return values.view(len(jobs), b)
 
-    def _staggered(self, batch: _Batch, jobs: list[Patch]) -> Resid:
+    def _staggered(self, batch: _Batch, jobs: list[Patch], masks: list[Tensor] | None) -> Resid:
         """Jobs (sorted by start layer) join the stacked forward at their first patched layer."""
         runner = self.runner
         assert runner is not None
@@ -198,7 +380,8 @@ class _Engine:
                 fresh = batch.target_cache[("resid_pre", layer)].repeat(new, 1, 1)
                 hidden = fresh if hidden is None else torch.cat([hidden, fresh])
                 joined += new
-            fwd = _patch_hooks(self.target, jobs[:joined], batch.source_cache, batch.tokens.shape[0], layer)
+            fwd = _patch_hooks(self.target, jobs[:joined], batch.source_cache, batch.tokens.shape[0], layer,
+                               None if masks is None else masks[:joined])
             assert hidden is not None
             if fwd:
                 with self.target.hooks(fwd_hooks=fwd):
@@ -208,9 +391,9 @@ class _Engine:
         assert hidden is not None
         return hidden
 
-    def _full(self, batch: _Batch, jobs: list[Patch]) -> Resid:
+    def _full(self, batch: _Batch, jobs: list[Patch], masks: list[Tensor] | None) -> Resid:
         """Fallback: all jobs stacked in one full forward from the tokens."""
-        fwd = _patch_hooks(self.target, jobs, batch.source_cache, batch.tokens.shape[0])
+        fwd = _patch_hooks(self.target, jobs, batch.source_cache, batch.tokens.shape[0], masks=masks)
         final: dict[str, Tensor] = {}
 
         def keep(x: Tensor, hook: Any) -> None:
@@ -237,6 +420,27 @@ def patch(
 ) -> PatchResult:
     """The patching engine: run ``target`` on ``examples`` with each patch from ``source``.
 
+    Padded examples and pairs of different lengths: ``examples`` and ``source_examples`` may
+    carry padding (``attention_mask``, e.g. from :func:`interp.data.examples_from_texts`, left
+    or right) and may differ in width; they must have the same number of rows. Each row counts
+    as its real tokens alone: it gets the values it has when run alone, unpadded, and pad
+    positions never enter a metric. Target row ``n`` and source row ``n`` are aligned at their
+    **end** (the last real token of each corresponds: the answer position), so
+    target position ``p`` (counted from the row's first real token) takes the source's
+    position ``p + len_source - len_target``:
+
+    - ``positions=None`` replaces the target's last ``min(len_target, len_source)`` positions
+      and leaves earlier ones as they are;
+    - a negative position counts from each row's end (``-1``: the last real token), valid
+      when both rows have it (``-q <= min(len_target, len_source)``);
+    - a non-negative position is in the target row's coordinates (``0`` is its first real
+      token, BOS) and takes its end-aligned source counterpart; a position that a target row
+      lacks, or whose counterpart falls before the source row's start, is refused with a
+      :class:`~interp.errors.DataError` before anything runs.
+
+    For unpadded rows of one length all of this reduces to the usual: position ``p`` (or
+    ``p - T`` from the end) in both runs.
+
     Args:
         target: the model whose run is patched (e.g. the quantized model, or the model on
             corrupted prompts).
@@ -245,8 +449,10 @@ def patch(
         patches: the jobs (see :func:`~interp.localize.patching.patches.single_layer_patches`,
             :func:`~interp.localize.patching.patches.joint_patches`,
             :func:`~interp.localize.patching.patches.position_patches`).
-        source_examples: the source's token rows (same shape); default ``examples``.
-        metric: ``"nll"`` (default) or a :class:`~interp.localize.patching.metrics.LogitDiffMetric`.
+        source_examples: the source's token rows (one per target row, any width, padded or
+            not); default ``examples``.
+        metric: ``"nll"`` (default) or a :class:`~interp.localize.patching.metrics.LogitDiffMetric`
+            (read at each row's own position: ``-1`` is its last real token).
         batch_size: examples per batch.
         max_rows: the most rows (examples x stacked jobs) in one forward; sets peak memory.
         progress: show a progress bar.
@@ -259,6 +465,7 @@ def patch(
     source_examples = source_examples if source_examples is not None else examples
     _check_pair(target, source, examples, source_examples)
     engine = _Engine(target, source, _checked_patches(target, patches, examples.seq_len), _metric(metric), fast)
+    lengths = _checked_lengths(examples, source_examples, engine.patches, engine.metric)
     n = len(examples)
     values = torch.empty(len(engine.patches), n, dtype=torch.float64)
     target_values, source_values = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
@@ -270,14 +477,21 @@ def patch(
     with torch.no_grad():
         for start, end in batches(n, batch_size):
             index = torch.arange(start, end)
+            masks = None
+            if lengths is not None:
+                masks = (_batch_mask(examples, start, end), _batch_mask(source_examples, start, end))
             batch, target_values[start:end], source_values[start:end] = engine.prepare(
-                examples.tokens[start:end].to(device), source_examples.tokens[start:end].to(device), index)
+                examples.tokens[start:end].to(device), source_examples.tokens[start:end].to(device), index, masks)
             for window in windows:
                 values[window, start:end] = engine.run_window(batch, window).cpu()
                 bar.update(1)
     bar.close()
     return _result(values, target_values, source_values, engine.patches, examples, engine.metric,
                    _settings(target, source, examples, batch_size, max_rows=max_rows, fast=engine.runner is not None))
+
+
+def _batch_mask(examples: Examples, start: int, end: int) -> Tensor | None:
+    return None if examples.attention_mask is None else examples.attention_mask[start:end]
 
 
 def _result(values: Tensor, target: Tensor, source: Tensor, patches: list[Patch], examples: Examples, metric: Metric,
@@ -304,13 +518,15 @@ def patch_naive(
     progress: bool | None = None,
 ) -> PatchResult:
     """The textbook loop, one full forward (with full logits) per patch, as transformer-lens'
-    ``patching.py`` does. Same arguments and results as :func:`patch`; kept as the reference
-    implementation for tests and benchmarks.
+    ``patching.py`` does. Same arguments and results as :func:`patch` (padded rows and pairs
+    of different lengths included, with the same end-aligned positions); kept as the
+    reference implementation for tests and benchmarks.
     """
     source_examples = source_examples if source_examples is not None else examples
     _check_pair(target, source, examples, source_examples)
     patches = _checked_patches(target, patches, examples.seq_len)
     metric_ = _metric(metric)
+    aligned = _checked_lengths(examples, source_examples, patches, metric_) is not None
     n = len(examples)
     values = torch.empty(len(patches), n, dtype=torch.float64)
     target_values, source_values = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
@@ -320,15 +536,64 @@ def patch_naive(
     with torch.no_grad():
         for start, end in batches(n, batch_size):
             tokens, source_tokens = examples.tokens[start:end].to(device), source_examples.tokens[start:end].to(device)
+            lengths = source_lengths = None
+            if aligned:  # each row's real tokens first: the causal mask keeps them from the padding
+                lengths = _naive_lengths(examples, start, end, tokens)
+                source_lengths = _naive_lengths(source_examples, start, end, source_tokens)
+                tokens = left_aligned(tokens, _naive_mask(examples, start, end, tokens))[0]
+                source_tokens = left_aligned(source_tokens, _naive_mask(source_examples, start, end, source_tokens))[0]
             index = torch.arange(start, end)
             cache, _ = capture(source, source_tokens, _source_keys(patches))
-            source_values[start:end] = metric_.from_logits(model_logits(source, source_tokens), source_tokens, index)
-            target_values[start:end] = metric_.from_logits(model_logits(target, tokens), tokens, index)
+            source_values[start:end] = _metric_values(metric_, "from_logits", model_logits(source, source_tokens),
+                                                      source_tokens, index, lengths=source_lengths)
+            target_values[start:end] = _metric_values(metric_, "from_logits", model_logits(target, tokens), tokens,
+                                                      index, lengths=lengths)
             for j, job in enumerate(patches):
-                with target.hooks(fwd_hooks=_patch_hooks(target, [job], cache, end - start)):
-                    values[j, start:end] = metric_.from_logits(model_logits(target, tokens), tokens, index)
+                if lengths is None or source_lengths is None:
+                    hooks = _patch_hooks(target, [job], cache, end - start)
+                else:
+                    hooks = _naive_row_hooks(target, job, cache, lengths.tolist(), source_lengths.tolist())
+                with target.hooks(fwd_hooks=hooks):
+                    values[j, start:end] = _metric_values(metric_, "from_logits", model_logits(target, tokens),
+                                                          tokens, index, lengths=lengths)
                 bar.update(1)
     bar.close()
     return _result(values, target_values, source_values, patches, examples, metric_,
                    _settings(target, source, examples, batch_size, naive=True))
 
+
+
+def _naive_mask(examples: Examples, start: int, end: int, tokens: Tokens) -> Tensor:
+    mask = examples.attention_mask
+    return torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask[start:end].to(tokens.device)
+
+
+def _naive_lengths(examples: Examples, start: int, end: int, tokens: Tokens) -> Tensor:
+    return _naive_mask(examples, start, end, tokens).sum(dim=1).cpu()
+
+
+def _naive_row_hooks(target: Any, job: Patch, cache: Mapping[Key, Tensor], lengths: list[int],
+                     source_lengths: list[int]) -> list[tuple[str, Callable[..., Any]]]:
+    """The patch, one row and one position at a time: target position ``p`` of row ``b`` takes
+    the source's position ``p + source_lengths[b] - lengths[b]`` (rows aligned at their ends)."""
+    def positions(b: int) -> list[int]:
+        if job.positions is None:
+            return list(range(max(0, lengths[b] - source_lengths[b]), lengths[b]))
+        return [q if q >= 0 else lengths[b] + q for q in job.positions]
+
+    def replacer(src: Tensor) -> Callable[[Tensor, Any], Tensor]:
+        def replace(x: Tensor, hook: Any) -> Tensor:
+            x = x.clone()
+            for b in range(x.shape[0]):
+                shift = source_lengths[b] - lengths[b]
+                for p in positions(b):
+                    if job.heads is None:
+                        x[b, p] = src[b, p + shift]
+                    else:
+                        for h in job.heads:
+                            x[b, p, h] = src[b, p + shift, h]
+            return x
+        return replace
+
+    return [(hk.hook_point(target, job.component, layer), replacer(cache[(job.component, layer)]))
+            for layer in job.layers]

@@ -109,7 +109,10 @@ def clean_corrupt(
 
     Args:
         model: the model (source and target).
-        clean, corrupt: ``[N, T]`` token rows of the same shape.
+        clean, corrupt: ``[N, T]`` token rows of the same shape (for padded prompts or pairs
+            of different lengths, call :func:`~interp.localize.patching.engine.patch` with
+            :class:`~interp.data.Examples` and a
+            :class:`~interp.localize.patching.metrics.LogitDiffMetric`).
         answers, wrongs: the right and wrong answer token per row (or one for all rows).
         component: what to patch.
         layers: layer selection (default: all).
