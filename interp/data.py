@@ -423,9 +423,11 @@ def examples_from_texts(texts: Sequence[str], tokenizer: Any, max_len: int | Non
 
     Each row is BOS + the text's tokens, cut to ``max_len`` tokens (BOS included). Shorter rows
     are padded on the ``padding`` side with the tokenizer's pad id (else EOS, else 0), and
-    ``attention_mask`` marks the real tokens. Entry points that honour the mask (``interp.nll``
-    and ``interp.quant.store.score``) give every row the value it has when run alone and
-    unpadded; the others refuse padded examples rather than mix padding into a statistic.
+    ``attention_mask`` marks the real tokens. Every entry point honours the mask (``interp.nll``,
+    ``interp.quant.store.score``, ``interp.probe``, ``interp.attention.analyze``, both lenses,
+    activation patching and quantizer calibration) and gives every row the value it has when
+    run alone and unpadded; attribution patching refuses padded examples rather than mix
+    padding into a statistic.
 
     Args:
         texts: the prompts (non-empty strings).
@@ -521,4 +523,4 @@ def refuse_padding(examples: Examples, what: str) -> None:
     if examples.padded:
         raise DataError(f"{what} does not take padded examples yet: its statistics would include pad positions. "
                         "Use examples of one length (interp.load_examples, or examples_from_texts with prompts cut "
-                        "to a common length), or interp.nll / interp.quant.store.score, which honour the mask.")
+                        "to a common length), or interp.localize.patching.patch, which honours the mask.")

@@ -3,9 +3,9 @@
 Every padded row (left or right), patched or not, must get the value it has when its pair is
 run alone, unpadded; a pair of different lengths is aligned at its last real token.
 
-Tolerance. The tiny llama is cast to float64 *and* its two float32 steps are removed
-(:func:`float64_throughout`): transformer-lens' attention and Hugging Face's eager attention
-both take the softmax in float32, whose sum over keys rounds differently for 9 keys than for
+Tolerance. The tiny llama is cast to float64, and its two float32 steps are removed for
+float64 input by ``tests/float64_attention.py`` (see :func:`float64_throughout`):
+transformer-lens' attention and Hugging Face's eager attention both take the softmax in float32, whose sum over keys rounds differently for 9 keys than for
 54 (most of them masked), and that alone moves a row's NLL by ~4e-9 between a padded batch and
 the row alone. With the softmax in float64 the two differ only by float64 reordering, ~1e-16
 per op; the RMSNorm's float32 step is elementwise and rounds equal inputs equally. EXACT = 1e-10
@@ -14,8 +14,6 @@ NLL by > 1e-3 here).
 """
 
 from __future__ import annotations
-
-import types
 
 import pytest
 import torch
@@ -37,17 +35,9 @@ CLEAN = ["Rome is the capital of Italy!", "Hello you there", "A prompt", "Quanti
 
 
 def float64_throughout(model):
-    """``model`` in float64 with the attention softmax in float64 too (the bridge's own attention,
-    and SDPA instead of HF's eager float32 softmax on the bridge-free path)."""
-    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
-
+    """``model`` in float64, attention softmax included: ``tests/float64_attention.py`` (installed by
+    conftest.py) keeps HF's eager attention and the bridge's softmax in float64 for float64 input."""
     model.original_model.to(torch.float64)
-    for module in model.original_model.modules():
-        if isinstance(module, AttentionBridge):
-            softmax = type(module)._masked_softmax
-            module._masked_softmax = types.MethodType(
-                lambda self, scores, dtype=None, _softmax=softmax: _softmax(self, scores, dtype=scores.dtype), module)
-    model.original_model.config._attn_implementation = "sdpa"
     # the premise of EXACT: a row's activations do not depend on what follows it
     tokens = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0))
     short, _ = P.capture(model, tokens[:, :9], [])
