@@ -26,6 +26,10 @@ Also: the calibration inputs that quantize reads for every block and group equal
 activations at the same hook points in one full forward of the model. A feeder that reused
 the first block's attention mask for every block gave Gemma-2's full-attention layers the
 sliding-window mask; this check caught it.
+
+Last, ``restore_layers(..., roles=...)`` on fused weights: a role is its block of rows of the
+fused weight (Phi-3's q/k/v rows of ``qkv_proj``, gate/up halves of ``gate_up_proj``, with the
+row blocks taken from the config here), and only those rows are restored.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import test_families
 import torch
 
 import interp
+from interp.errors import ComponentError
 from interp.quant import apply as qa
 from interp.runtime import hooks as hk
 
@@ -206,3 +211,84 @@ def test_awq_scaling_is_a_no_op_before_rounding(family, models, calibration, hel
     assert moved > 0  # the scales were not all 1: the check has something to check
     difference = (interp.nll(qmodel, held_out).double() - interp.nll(model, held_out).double()).abs()
     assert float(difference.max()) < 1e-4 and math.isfinite(float(difference.max()))  # float32 NLL, ~1e-6 noise
+
+
+# --- restore_layers on fused weights ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def phi3_pair(folders):
+    """A float64 Phi-3 and its 3-bit RTN copy."""
+    reference = interp.load_model(folders["phi3"])
+    reference.original_model.to(torch.float64)
+    return reference, qa.quantize(reference, "rtn:bits=3,group=32", progress=False)
+
+
+def _qkv_rows(model) -> tuple[slice, slice, slice]:
+    """Phi-3's ``qkv_proj`` row blocks, from the config: q (n_heads * d_head), then k and v (n_kv * d_head each)."""
+    config = model.original_model.config
+    d_head = config.hidden_size // config.num_attention_heads
+    q, kv = config.num_attention_heads * d_head, config.num_key_value_heads * d_head
+    return slice(0, q), slice(q, q + kv), slice(q + kv, q + 2 * kv)
+
+
+def _fused(model, layer: int, name: str) -> torch.Tensor:
+    block = hk._unwrap(hk.blocks(model)[layer])
+    part = hk._unwrap(block.self_attn if name == "qkv_proj" else block.mlp)
+    return hk._unwrap(getattr(part, name)).weight.detach()
+
+
+def test_restore_one_role_of_a_fused_weight(phi3_pair):
+    from interp.localize.restoration import restore_layers
+
+    reference, quantized = phi3_pair
+    q, k, v = _qkv_rows(reference)
+    half = _fused(reference, 0, "gate_up_proj").shape[0] // 2
+    restored = restore_layers(quantized, reference, [0], roles=["q", "up"])
+    qkv, qkv_ref, qkv_q = (_fused(m, 0, "qkv_proj") for m in (restored, reference, quantized))
+    assert torch.equal(qkv[q], qkv_ref[q])
+    for rows in (k, v):  # still quantized, and the quantization did change them
+        assert torch.equal(qkv[rows], qkv_q[rows]) and not torch.equal(qkv[rows], qkv_ref[rows])
+    gate_up, gate_up_ref, gate_up_q = (_fused(m, 0, "gate_up_proj") for m in (restored, reference, quantized))
+    assert torch.equal(gate_up[half:], gate_up_ref[half:]) and torch.equal(gate_up[:half], gate_up_q[:half])
+    assert not torch.equal(gate_up[:half], gate_up_ref[:half])
+    # the bridge's split copies follow (its hooked forward multiplies by them)
+    for role in ("q", "k", "v", "gate", "up"):
+        slot = hk.linear_weights(restored, 0)[role]
+        for mirror in slot.mirrors:
+            assert torch.equal(mirror, slot.read()), role
+    # block 1 and the unquantized parameters untouched
+    assert torch.equal(_fused(restored, 1, "qkv_proj"), _fused(quantized, 1, "qkv_proj"))
+    assert torch.equal(_fused(quantized, 0, "qkv_proj"), qkv_q)  # the input was not modified
+    assert restored.restored_roles == ["q", "up"]
+
+
+def test_restore_every_role_is_the_reference(phi3_pair, held_out):
+    from interp.localize.restoration import restore_layers
+    from interp.runtime.scoring import row_mean, token_nll_fn
+
+    reference, quantized = phi3_pair
+    roles = list(hk.linear_weights(reference, 0))
+    restored = restore_layers(quantized, reference, range(hk.n_layers(reference)), roles=roles)
+    with torch.no_grad():
+        expected = row_mean(token_nll_fn(reference)(held_out.tokens))
+        got = row_mean(token_nll_fn(restored)(held_out.tokens))
+        damaged = row_mean(token_nll_fn(quantized)(held_out.tokens))
+    assert got.dtype == torch.float64 and float((got - expected).abs().max()) <= 1e-12
+    assert float((damaged - expected).abs().max()) > 1e-6  # the quantization had moved it
+    with pytest.raises(ComponentError, match="Unknown linear roles"):
+        restore_layers(quantized, reference, [0], roles=["qkv"])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "llama"])
+def test_restore_one_role_elsewhere(family, models):
+    """GPT-2's transposed c_attn (with a bias), GPT-NeoX's head-interleaved q/k/v, llama's separate q_proj."""
+    from interp.localize.restoration import restore_layers
+
+    reference = models(family)
+    quantized = qa.quantize(reference, "rtn:bits=3,group=32", progress=False)
+    restored = restore_layers(quantized, reference, [0], roles=["q"])
+    for role, slot in hk.linear_weights(restored, 0).items():
+        want = (reference if role == "q" else quantized)
+        assert torch.equal(slot.read(), hk.linear_weights(want, 0)[role].read()), role
+    assert torch.equal(hk.linear_weights(restored, 1)["q"].read(), hk.linear_weights(quantized, 1)["q"].read())

@@ -50,20 +50,65 @@ from interp.runtime.scoring import nll
 from interp.typing import PerExample
 
 
-def _block_pairs(restored: Any, reference: Any, layer: int, roles: Sequence[str] | None) -> list[tuple[Tensor, Tensor]]:
-    if roles is None:
-        dst = dict(hk.blocks(restored)[layer].named_parameters())
-        src = dict(hk.blocks(reference)[layer].named_parameters())
-    else:
-        dst_mods, src_mods = hk.linear_modules(restored, layer), hk.linear_modules(reference, layer)
-        unknown = sorted(set(roles) - set(dst_mods))
-        if unknown:
-            raise ComponentError(f"Unknown linear roles {unknown}; this model has {sorted(dst_mods)}.")
-        dst = {f"{r}.{n}": p for r in roles for n, p in dst_mods[r].named_parameters()}
-        src = {f"{r}.{n}": p for r in roles for n, p in src_mods[r].named_parameters()}
+def _block_pairs(restored: Any, reference: Any, layer: int) -> list[tuple[Tensor, Tensor]]:
+    """Every parameter of block ``layer`` in both models, paired by name."""
+    dst = dict(hk.blocks(restored)[layer].named_parameters())
+    src = dict(hk.blocks(reference)[layer].named_parameters())
     if dst.keys() != src.keys() or any(dst[k].shape != src[k].shape for k in dst):
         raise ComponentError(f"Block {layer} of the two models differs in structure: they need the same architecture.")
     return [(dst[k], src[k]) for k in dst]
+
+
+def _check_roles(quantized: Any, reference: Any, layers: Sequence[int], roles: Sequence[str]) -> list[str]:
+    """``roles`` as a list, after checking each names a linear layer of both models' blocks ``layers``."""
+    roles = list(roles)
+    for layer in layers:
+        dst, src = hk.linear_weights(quantized, layer), hk.linear_weights(reference, layer)
+        unknown = sorted(set(roles) - set(dst))
+        if unknown:
+            raise ComponentError(f"Unknown linear roles {unknown}; this model has {sorted(dst)}.")
+        for role in roles:
+            if role not in src or src[role].read().shape != dst[role].read().shape:
+                raise ComponentError(f"Block {layer} of the two models differs in structure ({role!r}): they need "
+                                     "the same architecture.")
+    return roles
+
+
+def _rows_of(tensor: Tensor, rows: slice | Tensor | None) -> Tensor:
+    """The output rows ``rows`` of a bias (``[out]``): all of it, a slice, or the listed ones."""
+    if rows is None:
+        return tensor
+    if isinstance(rows, slice):
+        return tensor[rows]
+    return tensor.index_select(0, rows.to(tensor.device))
+
+
+def _restore_role(restored: Any, reference: Any, layer: int, role: str) -> None:
+    """Copy the reference's ``role`` rows (weight and bias) into ``restored``, fused weights and their mirrors alike.
+
+    A role held in a fused weight (Phi-3's ``qkv_proj`` and ``gate_up_proj``, GPT-2's
+    ``c_attn``, GPT-NeoX's ``query_key_value``) is a block of rows of it (see
+    :func:`interp.runtime.hooks.linear_weights`): only those rows are written, in the fused
+    weight and in the bridge's split copy of it, so the other roles keep their weights.
+    """
+    dst, src = hk.linear_weights(restored, layer)[role], hk.linear_weights(reference, layer)[role]
+    dst.write(src.read().detach())
+    source_bias = getattr(src.module, "bias", None)
+    bias = getattr(dst.module, "bias", None)
+    if not isinstance(source_bias, Tensor) or not isinstance(bias, Tensor):
+        return
+    value = _rows_of(source_bias.detach(), src.rows).to(bias.device, bias.dtype)
+    if dst.rows is None:
+        bias.copy_(value)
+    elif isinstance(dst.rows, slice):
+        bias[dst.rows].copy_(value)
+    else:
+        bias.index_copy_(0, dst.rows.to(bias.device), value)
+    mirrors = {id(mirror) for mirror in dst.mirrors}
+    for module in hk.blocks(restored)[layer].modules():  # the bridge's split copies carry a bias of their own
+        split_bias = getattr(module, "bias", None)
+        if id(getattr(module, "weight", None)) in mirrors and isinstance(split_bias, Tensor):
+            split_bias.copy_(value.to(split_bias.device, split_bias.dtype))
 
 
 def restore_layers(quantized: Any, reference: Any, layers: Sequence[int], roles: Sequence[str] | None = None) -> Any:
@@ -73,23 +118,47 @@ def restore_layers(quantized: Any, reference: Any, layers: Sequence[int], roles:
         quantized: the damaged model (not modified).
         reference: the model to take weights from (not modified); same architecture.
         layers: block indices to restore (negative indices count from the end).
-        roles: restore only these linear layers (``"gate"``, ``"up"``, ``"q"``, ...); default:
-            every parameter of the block.
+        roles: restore only these linear layers (``"gate"``, ``"up"``, ``"q"``, ...), weight and
+            bias; default: every parameter of the block. A role held in a fused weight (Phi-3's
+            ``qkv_proj`` and ``gate_up_proj``, GPT-2's ``c_attn``, GPT-NeoX's ``query_key_value``)
+            is its block of rows there: only those rows are restored, the other roles' rows keep
+            the quantized weights.
 
     Returns:
         A deep copy of ``quantized`` with ``restored_layers`` / ``restored_roles`` attributes.
+
+    Raises:
+        ComponentError: models of different depth or structure, or a role the blocks do not have
+            (checked before anything is copied).
+
+    Example:
+        >>> import interp, torch
+        >>> from interp.quant.apply import quantize
+        >>> from interp.runtime import hooks
+        >>> reference = interp.tiny_model("gpt2")  # q, k and v fused in one Conv1D
+        >>> quantized = quantize(reference, "rtn:bits=3,group=32", progress=False)
+        >>> restored = restore_layers(quantized, reference, [0], roles=["q"])
+        >>> same = {r: bool(torch.equal(s.read(), hooks.linear_weights(reference, 0)[r].read()))
+        ...         for r, s in hooks.linear_weights(restored, 0).items() if r in "qkv"}
+        >>> same
+        {'q': True, 'k': False, 'v': False}
     """
     if hk.n_layers(quantized) != hk.n_layers(reference):
         raise ComponentError("restore_layers needs two models with the same number of layers.")
     layers = list(layers)
     layers = hk.check_layers(quantized, layers) if layers else []  # restoring no block is the quantized model
+    checked = _check_roles(quantized, reference, layers, roles) if roles is not None else None
     restored = copy.deepcopy(quantized)
     with torch.no_grad():
         for layer in layers:
-            for dst, src in _block_pairs(restored, reference, layer, roles):
-                dst.copy_(src.to(dst.device, dst.dtype))
+            if checked is None:
+                for dst, src in _block_pairs(restored, reference, layer):
+                    dst.copy_(src.to(dst.device, dst.dtype))
+            else:
+                for role in checked:
+                    _restore_role(restored, reference, layer, role)
     object.__setattr__(restored, "restored_layers", sorted(layers))
-    object.__setattr__(restored, "restored_roles", list(roles) if roles is not None else None)
+    object.__setattr__(restored, "restored_roles", checked)
     return restored
 
 
