@@ -10,8 +10,9 @@ The transformer-lens bridge computes the attention softmax in float32 whatever t
 dtype (``AttentionBridge._masked_softmax(..., dtype=torch.float32)``), and a float32 softmax
 over a row with extra masked keys rounds differently (measured: up to 4.8e-7 on the o, down
 and next block's inputs between a 54-wide padded batch and a 9-token row alone). So that
-"the same" can mean 1e-10, the tests below make that one softmax run in float64
-(:func:`float64_softmax`); everything else is the library's code as it runs.
+"the same" can mean 1e-10, that softmax runs in float64 for float64 input here
+(``tests/float64_attention.py``, installed by conftest.py); everything else is the library's
+code as it runs.
 
 Two levels, on a tiny llama in float64:
 
@@ -47,19 +48,6 @@ TEXTS = ["Paris is the capital of France.", "Hi there", "A somewhat longer promp
          "Quantization error varies by input."]
 EXACT = 1e-10  # float64 end to end, see the module docstring
 SPECS = ["gptq:bits=4,group=32", "awq:bits=4,group=32,grid=5"]
-
-
-@pytest.fixture
-def float64_softmax(monkeypatch):
-    """The bridge's attention softmax in the scores' dtype when they are float64 (see the module docstring)."""
-    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
-
-    original = AttentionBridge._masked_softmax
-
-    def softmax(self, scores, dtype=None):
-        return original(self, scores, dtype=scores.dtype if scores.dtype == torch.float64 else dtype)
-
-    monkeypatch.setattr(AttentionBridge, "_masked_softmax", softmax)
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +99,7 @@ def _all_inputs(feeder, model, paused: bool) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("paused", [False, True])
 @pytest.mark.parametrize("side", ["right", "left"])
-def test_calibration_statistics_of_padded_rows_equal_each_row_alone(model64, tok, side, paused, monkeypatch,
-                                                                    float64_softmax):
+def test_calibration_statistics_of_padded_rows_equal_each_row_alone(model64, tok, side, paused, monkeypatch):
     ex = examples_from_texts(TEXTS, tok, padding=side)
     assert ex.padded
     lengths = ex.attention_mask.sum(dim=1)
@@ -160,7 +147,7 @@ def _recording(monkeypatch) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_quantized_weights_from_padded_calibration_equal_rows_alone(model64, tok, spec, monkeypatch, float64_softmax):
+def test_quantized_weights_from_padded_calibration_equal_rows_alone(model64, tok, spec, monkeypatch):
     seen = _recording(monkeypatch)
     reference = qa.quantize(model64, spec, calibration=examples_from_texts(TEXTS, tok, padding="right"),
                             progress=False, batch_size=1)  # one row per batch: each row alone, unpadded
