@@ -10,6 +10,13 @@ Settings (``QUICK_ENV``, also used by ``tests/test_notebooks.py``):
 
 * ``INTERP_NB_N=4``: the notebooks' quick size (each reads it for its number of examples);
 * ``OMP_NUM_THREADS=1``: one torch thread, as in the test suite (an existing value is kept);
+* ``ATEN_CPU_CAPABILITY=avx2``, ``MKL_CBWR=AVX2``, ``ONEDNN_MAX_CPU_ISA=AVX2``: torch's own kernels,
+  MKL's and oneDNN's pinned to AVX2, so a stored notebook is what any x86-64 CPU with AVX2 computes.
+  Without them float32 sums add in an order set by the CPU's vector width, and GPTQ's error
+  feedback turns that into other weights (28% of SmolLM2's GPTQ-3 weights differ between the
+  AVX2 and AVX-512 kernels of one machine), so notebook 04's GPTQ numbers moved in the second
+  digit between an AVX2 and an AVX-512 machine. Quantized models are cached per kernel set
+  (``interp.quant.apply.cache_key``), so a model made under other kernels is never reused;
 * ``PLOTLY_RENDERER=plotly_mimetype+png``: each figure is stored twice in one output, as the
   plotly JSON (interactive in Jupyter, ~10-30 kB) and as a 700x500 PNG at scale 1 (what GitHub
   shows, which cannot run the JSON). Nothing embeds plotly.js (4.6 MB), which the ``notebook``
@@ -33,7 +40,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RENDERER = "plotly_mimetype+png"
-QUICK_ENV = {"INTERP_NB_N": "4", "PLOTLY_RENDERER": RENDERER, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# One set of CPU kernels on every x86-64 machine with AVX2 (see the module docstring)
+KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+QUICK_ENV = {"INTERP_NB_N": "4", "PLOTLY_RENDERER": RENDERER, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+             **KERNELS}
 TIMEOUT_S = 1500
 
 

@@ -74,7 +74,7 @@ from interp.quant.calibration import LayerFeeder, OutOfOrder
 from interp.quant.methods import LayerInputs, quantize_weight, relative_error
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.runtime import hooks
-from interp.runtime.batching import check_examples, show_progress
+from interp.runtime.batching import check_examples, device_of, kernels, show_progress
 
 ROLES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 # Linear layers that read the same input, in the order the forward pass reaches them.
@@ -492,10 +492,18 @@ def load_quantized(reference: Any, path: str | os.PathLike[str]) -> Any:
 
 
 def cache_key(reference: Any, spec: str | MethodSpec, calibration: Examples | None) -> str:
-    """The disk-cache key of a quantized model: (reference hash, canonical spec, calibration hash)."""
+    """The disk-cache key of a quantized model: (reference hash, canonical spec, calibration hash,
+    kernels).
+
+    The kernels (:func:`interp.runtime.batching.kernels`: ``cpu-AVX512``, ``cpu-AVX2``, a CUDA
+    architecture) are part of the key because a calibrated quantizer's result depends on them:
+    GPTQ 3-bit on SmolLM2 puts 28% of the weights on another grid level under AVX2 than under
+    AVX-512 kernels. A cached model is therefore always what a fresh run here would make.
+    """
     spec = parse_spec(spec)
     calibration_hash = examples_hash(calibration) if spec.needs_calibration else "none"
-    key = hashlib.sha256(f"{model_hash(reference)}|{spec}|{calibration_hash}".encode()).hexdigest()[:16]
+    tag = kernels(device_of(reference))
+    key = hashlib.sha256(f"{model_hash(reference)}|{spec}|{calibration_hash}|{tag}".encode()).hexdigest()[:16]
     return f"{spec.method}{spec.bits}-g{spec.group}-{key}"
 
 

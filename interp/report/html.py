@@ -21,6 +21,7 @@ from markupsafe import Markup
 
 from interp.errors import ResourceError
 from interp.report.context import ReportSettings, Stage, StageOutput
+from interp.runtime.batching import kernels
 
 
 def _versions() -> dict[str, str]:
@@ -30,6 +31,7 @@ def _versions() -> dict[str, str]:
             out[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             out[package] = "not installed"
+    out["cpu kernels"] = kernels("cpu")  # calibrated quantizers' results depend on them (docs/reproduction.md)
     return out
 
 

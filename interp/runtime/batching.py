@@ -134,3 +134,23 @@ def device_of(model: Any) -> torch.device:
         return next(getattr(model, "original_model", model).parameters()).device
     except (AttributeError, StopIteration):
         return torch.device("cpu")
+
+
+def kernels(device: torch.device | str = "cpu") -> str:
+    """Which kernels torch runs on ``device``: ``"cpu-AVX512"``, ``"cpu-AVX2"``, ``"cuda-sm90"``...
+
+    Float32 results depend on it: the kernels add in a different order, and a computation that
+    amplifies rounding (GPTQ's column-by-column error feedback) lands on different weights.
+    ``ATEN_CPU_CAPABILITY=avx2`` selects the AVX2 kernels on any AVX-512 CPU.
+
+    Example:
+        >>> kernels("cpu").startswith("cpu-")
+        True
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"cuda-sm{major}{minor}"
+    if device.type == "cpu":
+        return f"cpu-{torch.backends.cpu.get_cpu_capability()}"
+    return device.type
