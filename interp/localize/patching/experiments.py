@@ -10,7 +10,7 @@ Example:
     >>> corrupt = clean.clone()
     >>> corrupt[0, 2] = (clean[0, 2] + 1) % 256  # one token differs
     >>> res = clean_corrupt(model, clean, corrupt, answers=[5], wrongs=[7], layers=[0])
-    >>> res.table().set_index("positions")["recovery"].round(3).loc[["1", "2"]].tolist()  # only position 2 matters
+    >>> (res.table().set_index("positions")["recovery"].round(3).loc[["1", "2"]] + 0.0).tolist()  # only position 2 matters
     [0.0, 1.0]
 """
 
