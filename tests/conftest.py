@@ -56,6 +56,24 @@ def tiny_gpt2():
     return interp.tiny_model("gpt2", seed=0)
 
 
+@pytest.fixture(scope="module")
+def model64():
+    """A tiny llama in float64 (attention included: see float64_attention.py), for exactness tests."""
+    import interp
+
+    model = interp.tiny_model("llama", seed=0)
+    model.original_model.to(torch.float64)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The tiny models' byte tokenizer (256 bytes + BOS/EOS/PAD), built offline."""
+    import interp
+
+    return interp.models.tiny_tokenizer()
+
+
 @pytest.fixture
 def no_network(monkeypatch):
     """Make every attempt to open a network connection fail loudly."""

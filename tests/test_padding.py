@@ -9,35 +9,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from padding_rows import TEXTS, row_alone
+from tolerances import EPS32, rounding_tol
 
 import interp
-from interp.data import Examples, examples_from_texts
+from interp.data import examples_from_texts
 from interp.errors import DataError, InterpError
-from tolerances import EPS32, rounding_tol
 
 pytestmark = pytest.mark.numerical  # derived tolerances: CI reruns this file with one thread
 
-TEXTS = ["Paris is the capital of France.", "Hi there", "A somewhat longer prompt, with punctuation; and more.",
-         "Quantization error varies by input."]
 EXACT = 1e-10  # float64 end to end, see the module docstring
-
-
-@pytest.fixture(scope="module")
-def model64():
-    model = interp.tiny_model("llama", seed=0)
-    model.original_model.to(torch.float64)
-    return model
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return interp.models.tiny_tokenizer()
-
-
-def _alone(ex: Examples, i: int) -> Examples:
-    keep = ex.attention_mask[i]
-    return Examples(tokens=ex.tokens[i][keep][None], texts=[ex.texts[i]], ids=[ex.ids[i]],
-                    tokenizer=ex.tokenizer, vocab_size=ex.vocab_size)
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
@@ -45,14 +26,14 @@ def test_nll_of_padded_rows_equals_each_row_alone(model64, tok, side) -> None:
     ex = examples_from_texts(TEXTS, tok, padding=side)
     assert ex.padded and ex.attention_mask.sum(dim=1).tolist() == [1 + len(t.encode()) for t in TEXTS]
     batched = interp.nll(model64, ex, batch_size=3).double()
-    alone = torch.cat([interp.nll(model64, _alone(ex, i)).double() for i in range(len(TEXTS))])
+    alone = torch.cat([interp.nll(model64, row_alone(ex, i)).double() for i in range(len(TEXTS))])
     assert float((batched - alone).abs().max()) < 1e-6  # nll returns float32: one rounding of values ~5.6
     from interp.runtime.scoring import row_mean, token_nll_fn
 
     score = token_nll_fn(model64)
     with torch.no_grad():
         exact = row_mean(score(ex.tokens, ex.attention_mask), ex.attention_mask)
-        exact_alone = torch.cat([row_mean(score(_alone(ex, i).tokens)) for i in range(len(TEXTS))])
+        exact_alone = torch.cat([row_mean(score(row_alone(ex, i).tokens)) for i in range(len(TEXTS))])
     assert float((exact - exact_alone).abs().max()) < EXACT
 
 
@@ -76,7 +57,7 @@ def test_score_honours_the_mask(model64, tok, side, tmp_path) -> None:
     errors = score(model64, ["rtn:bits=4,group=32"], ex, store=tmp_path / "padded", progress=False, batch_size=4)
     alone = []
     for i in range(len(TEXTS)):
-        one = score(model64, ["rtn:bits=4,group=32"], _alone(ex, i), store=tmp_path / f"alone{i}", progress=False)
+        one = score(model64, ["rtn:bits=4,group=32"], row_alone(ex, i), store=tmp_path / f"alone{i}", progress=False)
         alone.append(float(one.iloc[0, 0]))
     # errors are differences of two float64 means stored as SQLite REAL (float64): exact to ~1e-12
     assert max(abs(a - b) for a, b in zip(errors.iloc[:, 0].tolist(), alone, strict=True)) < EXACT
@@ -121,7 +102,7 @@ def test_probe_of_padded_rows_equals_each_row_alone(model64, tok, side, exclude_
     kwargs = dict(reducers=VECTOR + ATTENTION, exclude_bos=exclude_bos, progress=False)
     batched = interp.probe(model64, ex, comps, batch_size=3, with_nll=True, **kwargs)
     for i in range(len(TEXTS)):
-        alone = interp.probe(model64, _alone(ex, i), comps, with_nll=True, **kwargs)
+        alone = interp.probe(model64, row_alone(ex, i), comps, with_nll=True, **kwargs)
         for key in alone.stats:
             got, want = batched.stats[key][:, i], alone.stats[key][:, 0]
             assert torch.isfinite(got).all(), key
@@ -134,7 +115,7 @@ def test_full_capture_of_padded_rows_sits_where_the_tokens_were(model64, tok, si
     ex = examples_from_texts(TEXTS, tok, padding=side)
     batched = interp.probe(model64, ex, ["resid_post"], ["full"], progress=False)["resid_post", "full"]
     for i in range(len(TEXTS)):
-        alone = interp.probe(model64, _alone(ex, i), ["resid_post"], ["full"], progress=False)["resid_post", "full"]
+        alone = interp.probe(model64, row_alone(ex, i), ["resid_post"], ["full"], progress=False)["resid_post", "full"]
         keep = ex.attention_mask[i]
         assert float((batched[:, i][:, keep] - alone[:, 0]).abs().max()) < EXACT
         assert torch.isnan(batched[:, i][:, ~keep]).all()  # pads are marked, never zeros that look like data
@@ -146,11 +127,11 @@ def test_attention_analysis_with_saobp_honours_the_mask(model64, tok, side) -> N
 
     ex = examples_from_texts(TEXTS, tok, padding=side)
     batched = analyze(model64, ex, saobp_beta=3.0, batch_size=3, progress=False)
-    means = [analyze(model64, _alone(ex, i), saobp_beta=3.0, progress=False).table for i in range(len(TEXTS))]
+    means = [analyze(model64, row_alone(ex, i), saobp_beta=3.0, progress=False).table for i in range(len(TEXTS))]
     metrics = ATTENTION
     expected = sum(t[metrics].to_numpy() for t in means) / len(means)  # the table averages over examples
     assert abs(batched.table[metrics].to_numpy() - expected).max() < EXACT
-    assert abs(batched.nll_saobp.double() - torch.cat([analyze(model64, _alone(ex, i), saobp_beta=3.0,
+    assert abs(batched.nll_saobp.double() - torch.cat([analyze(model64, row_alone(ex, i), saobp_beta=3.0,
                progress=False).nll_saobp.double() for i in range(len(TEXTS))])).max() < 1e-6
 
 
@@ -182,7 +163,7 @@ def test_early_exit_of_padded_rows_equals_each_row_alone(model64, tok, side, at)
 
     ex = examples_from_texts(TEXTS, tok, padding=side)
     batched = early_exit(model64, ex, at=at, batch_size=3, progress=False).nll
-    alone = torch.cat([early_exit(model64, _alone(ex, i), at=at, progress=False).nll for i in range(len(TEXTS))], 1)
+    alone = torch.cat([early_exit(model64, row_alone(ex, i), at=at, progress=False).nll for i in range(len(TEXTS))], 1)
     assert torch.isfinite(batched).all()
     assert float((batched.double() - alone.double()).abs().max()) <= _stored(alone)
     if at == "resid_post":  # the last layer's exit is the model's own NLL, padded or not
@@ -206,6 +187,6 @@ def test_tuned_lens_fit_and_exit_ignore_padding(model64, tok, side) -> None:
     assert bool(((lens.weight - one_by_one.weight).abs() <= ulp).all())
     ex = examples_from_texts(TEXTS, tok, padding=side)
     batched = tuned_early_exit(model64, lens, ex, batch_size=3, progress=False).nll
-    alone = torch.cat([tuned_early_exit(model64, lens, _alone(ex, i), progress=False).nll
+    alone = torch.cat([tuned_early_exit(model64, lens, row_alone(ex, i), progress=False).nll
                        for i in range(len(TEXTS))], 1)
     assert float((batched.double() - alone.double()).abs().max()) <= _stored(alone)

@@ -3,14 +3,14 @@
 Every padded row (left or right), patched or not, must get the value it has when its pair is
 run alone, unpadded; a pair of different lengths is aligned at its last real token.
 
-Tolerance. The tiny llama is cast to float64, and its two float32 steps are removed for
-float64 input by ``tests/float64_attention.py`` (see :func:`float64_throughout`):
-transformer-lens' attention and Hugging Face's eager attention both take the softmax in float32, whose sum over keys rounds differently for 9 keys than for
-54 (most of them masked), and that alone moves a row's NLL by ~4e-9 between a padded batch and
-the row alone. With the softmax in float64 the two differ only by float64 reordering, ~1e-16
-per op; the RMSNorm's float32 step is elementwise and rounds equal inputs equally. EXACT = 1e-10
-sits five orders above that (measured: <= 2e-15) and far below any real bug (a patch moves the
-NLL by > 1e-3 here).
+Tolerance. The tiny llama is cast to float64, and its two float32 steps are removed for float64
+input by ``tests/float64_attention.py`` (see :func:`float64_throughout`): transformer-lens'
+attention and Hugging Face's eager attention both take the softmax in float32, whose sum over
+keys rounds differently for 9 keys than for 54 (most of them masked), and that alone moves a
+row's NLL by ~4e-9 between a padded batch and the row alone. With the softmax in float64 the two
+differ only by float64 reordering, ~1e-16 per op; the RMSNorm's float32 step is elementwise and
+rounds equal inputs equally. EXACT = 1e-10 sits five orders above that (measured: <= 2e-15) and
+far below any real bug (a patch moves the NLL by > 1e-3 here).
 """
 
 from __future__ import annotations
@@ -57,11 +57,6 @@ def quantized64(model64):
     from interp.quant.apply import quantize
 
     return float64_throughout(quantize(model64, "rtn:bits=3,group=64", progress=False))
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return interp.models.tiny_tokenizer()
 
 
 class F64NLL(P.NLLMetric):

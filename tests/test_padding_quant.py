@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from padding_rows import TEXTS, row_alone
 
-import interp
 from interp.data import Examples, examples_from_texts
 from interp.quant import apply as qa
 from interp.quant import calibration as qc
@@ -44,29 +44,8 @@ from interp.runtime import hooks
 
 pytestmark = pytest.mark.numerical  # derived tolerances: CI reruns this file with one thread
 
-TEXTS = ["Paris is the capital of France.", "Hi there", "A somewhat longer prompt, with punctuation; and more.",
-         "Quantization error varies by input."]
 EXACT = 1e-10  # float64 end to end, see the module docstring
 SPECS = ["gptq:bits=4,group=32", "awq:bits=4,group=32,grid=5"]
-
-
-@pytest.fixture(scope="module")
-def model64():
-    model = interp.tiny_model("llama", seed=0)
-    model.original_model.to(torch.float64)
-    return model
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return interp.models.tiny_tokenizer()
-
-
-def _alone(ex: Examples, i: int) -> Examples:
-    assert ex.attention_mask is not None
-    keep = ex.attention_mask[i]
-    return Examples(tokens=ex.tokens[i][keep][None], texts=[ex.texts[i]], ids=[ex.ids[i]],
-                    tokenizer=ex.tokenizer, vocab_size=ex.vocab_size)
 
 
 def _groups(model) -> list[list[str]]:
@@ -105,7 +84,7 @@ def test_calibration_statistics_of_padded_rows_equal_each_row_alone(model64, tok
     lengths = ex.attention_mask.sum(dim=1)
     monkeypatch.setattr(qc, "_rows", _float64_rows)
     batched = _all_inputs(qc.LayerFeeder(model64, ex.tokens, 3, mask=ex.attention_mask), model64, paused)
-    alone = [_all_inputs(qc.LayerFeeder(model64, _alone(ex, i).tokens, 1), model64, paused) for i in range(len(ex))]
+    alone = [_all_inputs(qc.LayerFeeder(model64, row_alone(ex, i).tokens, 1), model64, paused) for i in range(len(ex))]
     worst = {"X": 0.0, "gram": 0.0, "abs_mean": 0.0}
     for index, X in enumerate(batched):
         reference = torch.cat([rows[index] for rows in alone])
@@ -122,7 +101,7 @@ def test_a_one_row_batch_is_the_row_alone(model64, tok, side):
     """Cut to its longest row, a padded one-row batch is exactly the unpadded row: the weight-level reference."""
     ex = examples_from_texts(TEXTS, tok, padding=side)
     padded = _all_inputs(qc.LayerFeeder(model64, ex.tokens, 1, mask=ex.attention_mask), model64, paused=False)
-    alone = [_all_inputs(qc.LayerFeeder(model64, _alone(ex, i).tokens, 1), model64, paused=False)
+    alone = [_all_inputs(qc.LayerFeeder(model64, row_alone(ex, i).tokens, 1), model64, paused=False)
              for i in range(len(ex))]
     for index, X in enumerate(padded):
         assert torch.equal(X, torch.cat([rows[index] for rows in alone]))

@@ -10,7 +10,8 @@ Example:
     >>> corrupt = clean.clone()
     >>> corrupt[0, 2] = (clean[0, 2] + 1) % 256  # one token differs
     >>> res = clean_corrupt(model, clean, corrupt, answers=[5], wrongs=[7], layers=[0])
-    >>> (res.table().set_index("positions")["recovery"].round(3).loc[["1", "2"]] + 0.0).tolist()  # only position 2 matters
+    >>> recovery = res.table().set_index("positions")["recovery"].round(3) + 0.0  # + 0.0: -0.0 prints as 0.0
+    >>> recovery.loc[["1", "2"]].tolist()  # only position 2 matters
     [0.0, 1.0]
 """
 
