@@ -503,9 +503,10 @@ def aligned_rows(examples: Examples, start: int, end: int, device: Any = None) -
     ``< length`` only (see :func:`counted_positions`).
     """
     tokens = examples.tokens[start:end].to(device)
-    if not examples.padded:
+    mask = examples.attention_mask
+    if mask is None or not examples.padded:
         return tokens, None
-    return left_aligned(tokens, examples.attention_mask[start:end].to(tokens.device))
+    return left_aligned(tokens, mask[start:end].to(tokens.device))
 
 
 def counted_positions(lengths: torch.Tensor, width: int, skip_first: bool) -> torch.Tensor:

@@ -336,8 +336,8 @@ def probe(
             run.ids, run.offset = examples.ids[start:end], start
             tokens = examples.tokens[start:end].to(device_of(model))
             lengths = None
-            if examples.padded:  # real tokens first: under the causal mask they never see the padding
-                run.mask = examples.attention_mask[start:end].to(tokens.device)
+            if examples.padded and examples.attention_mask is not None:  # real tokens first: under the
+                run.mask = examples.attention_mask[start:end].to(tokens.device)  # causal mask they never see pads
                 tokens, lengths = left_aligned(tokens, run.mask)
                 run.lengths = lengths
             try:
@@ -439,6 +439,7 @@ class _ProbeRun:
         """A ``full`` capture of left-aligned rows put back where each token sat in the padded
         batch; pad positions hold NaN, so no statistic can take them for data."""
         out = torch.full_like(x, math.nan) if x.is_floating_point() else torch.zeros_like(x)
+        assert self.lengths is not None and self.mask is not None  # set for every padded batch
         for row, length in enumerate(self.lengths.tolist()):
             out[row, self.mask[row]] = x[row, :length]
         return out

@@ -165,7 +165,7 @@ def tuned_lens_cached(model: Any, calibration: Examples, cache_dir: str | os.Pat
                       progress: bool | None = None) -> TunedLens:
     """:func:`fit_tuned_lens`, cached as safetensors by (model hash, calibration rows, ridge)."""
     hashed = calibration.tokens.numpy().tobytes()
-    if calibration.padded:
+    if calibration.padded and calibration.attention_mask is not None:
         hashed += calibration.attention_mask.numpy().tobytes()
     digest = hashlib.sha256(hashed).hexdigest()[:12]
     path = Path(cache_dir) / f"tuned_lens-{model_hash(model)}-{digest}-r{RIDGE:g}.safetensors"
