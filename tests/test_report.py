@@ -376,3 +376,15 @@ def test_precision_check_compares_the_report_dtype_with_float32(monkeypatch):
     assert row["mean |difference| (nats)"] > 0  # bf16 really moved the NLL
     assert row["smallest method"] == "b"
     assert row["ratio"] == pytest.approx(0.01 / float(expected.mean()), rel=1e-9)
+
+
+def test_saobp_training_stage_finds_the_committed_seed_logs():
+    """The default log folder is this checkout's docs/data/saobp_seeds (a path relative to the stage's
+    module, which moved in the restructure: the report then silently said "not measured")."""
+    from interp.report.stages.saobp_training import saobp_log_folder, saobp_seed_table
+
+    folder = saobp_log_folder("")
+    assert folder == Path(__file__).resolve().parents[1] / "docs" / "data" / "saobp_seeds"
+    table = saobp_seed_table(folder)
+    assert len(table) == len(list(folder.glob("seed*/log.csv"))) >= 3
+    assert table["loss_diff"].notna().all()

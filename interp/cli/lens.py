@@ -59,14 +59,15 @@ def _experiments(text: str) -> list[str]:
 
 
 def prepare_pair(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
-    """Reference, quantized copy, eval examples and the D_large/D_ctrl split from CLI options."""
-    import pandas as pd
+    """Reference, quantized copy, eval examples and the D_large/D_ctrl split from CLI options.
 
+    Errors go through :func:`interp.quant.error_split` into a score store in ``--out/scores``,
+    so a killed run resumes where it stopped and a rerun scores nothing again; the quantized
+    model comes from the user cache, shared with the other commands and the report.
+    """
     import interp
     from interp.cli.common import load_model_and_examples
-    from interp.quant import parse_spec
-    from interp.quant.analysis import split_large_ctrl
-    from interp.quant.apply import quantize_cached
+    from interp.quant import error_split, parse_spec
 
     set_threads(args)
     spec = parse_spec(args.method)
@@ -75,13 +76,10 @@ def prepare_pair(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     if spec.needs_calibration:
         calibration = interp.load_examples(args.data, reference.tokenizer, n=args.calibration_n,
                                            seq_len=args.seq_len, seed=args.seed, split="calibration")
-    quantized = quantize_cached(reference, spec, calibration=calibration, progress=not args.quiet and None)
-    progress = not args.quiet and None
-    errors = pd.Series((interp.nll(quantized, examples, args.batch_size, progress)
-                        - interp.nll(reference, examples, args.batch_size, progress)).double().numpy(),
-                       index=examples.ids, name=str(spec))
-    split = split_large_ctrl(errors, examples, top=args.top, seed=args.seed)
-    return reference, quantized, examples, split
+    setup = error_split(reference, [spec], examples, store=Path(args.out) / "scores", calibration=calibration,
+                        split_on=str(spec), cache_dir=interp.models.cache_dir() / "quantized", top=args.top,
+                        seed=args.seed, batch_size=args.batch_size, progress=not args.quiet and None)
+    return reference, setup.quantized(spec), examples, setup.split
 
 
 def _write(out: Path, name: str, table: Any, figure: Any) -> None:

@@ -20,7 +20,7 @@ def saobp_log_folder(setting: str) -> Any:
 
     if setting:
         return Path(setting)
-    return Path(__file__).resolve().parents[1] / "docs" / "data" / "saobp_seeds"
+    return Path(__file__).resolve().parents[3] / "docs" / "data" / "saobp_seeds"  # interp/report/stages/ -> root
 
 
 def saobp_seed_table(folder: Any) -> pd.DataFrame:
