@@ -21,7 +21,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,7 +77,7 @@ def _clip_recovery_axis(fig: go.Figure, recovery: Any) -> go.Figure:
     low, high = float(np.nanmin(recovery)) * 100, float(np.nanmax(recovery)) * 100
     if low < -100 or high > 200:
         fig.update_yaxes(range=[max(low, -100) - 10, min(max(high, 110), 200) + 10])
-        fig.update_layout(title=f"{fig.layout.title.text} (axis clipped; see hover for values)")
+        fig.update_yaxes(title=f"{fig.layout.yaxis.title.text} (axis clipped: hover for values)")
     return fig
 
 
@@ -106,6 +106,32 @@ def patching_bars(result: PatchResult) -> go.Figure:
     fig = go.Figure(go.Bar(x=labels, y=100 * table["recovery"], text=[f"{100 * r:.0f}%" for r in table["recovery"]],
                            marker_color=PALETTE[0]))
     return _clip_recovery_axis(styled(fig, "Patching: recovery of the gap", "", "recovery (%)"), table["recovery"])
+
+
+def recovery_intervals(labels: Sequence[str], point: Sequence[float], low: Sequence[float], high: Sequence[float],
+                       secondary: Sequence[float] | None = None, title: str = "Patching: recovery of the gap",
+                       scale: str = "NLL", secondary_scale: str = "perplexity") -> go.Figure:
+    """Recovery (%) per patch as bars with their interval, on one scale (``scale``), and optionally
+    the same recovery on a second scale as open markers (e.g. NLL primary, perplexity beside it).
+
+    Example:
+        >>> fig = recovery_intervals(["down", "up"], [0.55, -1.9], [0.49, -2.2], [0.6, -1.7], secondary=[0.69, -12.6])
+        >>> [trace.type for trace in fig.data], fig.layout.yaxis.title.text
+        (['bar', 'scatter'], 'recovery (%)')
+    """
+    pct = [100 * float(v) for v in point]
+    fig = go.Figure(go.Bar(
+        x=list(labels), y=pct, name=f"{scale} scale (95% interval)", marker_color=PALETTE[0],
+        text=[f"{v:.0f}%" for v in pct], textposition="inside", insidetextanchor="start",  # at the bar's base,
+        # clear of the interval's whiskers and visible on a clipped bar
+        error_y=dict(type="data", symmetric=False, array=[100 * float(h) - v for h, v in zip(high, pct, strict=True)],
+                     arrayminus=[v - 100 * float(lo) for lo, v in zip(low, pct, strict=True)])))
+    if secondary is not None:
+        fig.add_trace(go.Scatter(x=list(labels), y=[100 * float(v) for v in secondary], mode="markers",
+                                 name=f"{secondary_scale} scale", marker=dict(symbol="circle-open", size=11,
+                                                                              color=PALETTE[1])))
+    values = np.array([*pct, *(100 * float(v) for v in (list(secondary) if secondary is not None else []))]) / 100
+    return _clip_recovery_axis(styled(fig, title, "", "recovery (%)"), values)
 
 
 def patching_positions(result: PatchResult) -> go.Figure:

@@ -19,7 +19,7 @@ from interp.errors import ResourceError
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22"]
-LAYOUT = dict(template="plotly_white", font=dict(size=13), margin=dict(l=60, r=20, t=60, b=50),
+LAYOUT = dict(template="plotly_white", font=dict(size=13), margin=dict(l=60, r=20, t=90, b=50),  # t: title above legend
               legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1))
 
 

@@ -51,6 +51,12 @@ def patched_spec(ctx: ReportContext) -> str:
     return str(parse_spec(ctx.settings.patch_method))
 
 
+def short_spec(spec: str) -> str:
+    """A spec as a figure title names it: ``"gptq:bits=3,group=64,..."`` -> ``"GPTQ 3-bit (group 64)"``."""
+    parsed = parse_spec(spec)
+    return f"{parsed.method.upper()} {parsed.bits}-bit (group {parsed.group})"
+
+
 def d_large_split(ctx: ReportContext) -> Any:
     """D_large / D_ctrl chosen from the patched method's own error."""
     return setup(ctx).split

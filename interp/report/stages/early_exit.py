@@ -16,7 +16,14 @@ from interp.models import cache_dir
 from interp.quant import protocol as pr
 from interp.report.context import ReportContext, Stage, StageOutput
 from interp.report.reproduction import EARLY_EXIT_SHARE, Measurement
-from interp.report.stages.common import N_BOOT, d_large_split, patched_spec, quantized_model, record_claims
+from interp.report.stages.common import (
+    N_BOOT,
+    d_large_split,
+    patched_spec,
+    quantized_model,
+    record_claims,
+    short_spec,
+)
 
 
 def _lens_measurement(curves: Any, n_layers: int, vocab: int, seed: int, lens: str) -> tuple[Measurement, dict]:
@@ -73,8 +80,8 @@ def stage_early_exit(ctx: ReportContext) -> StageOutput:
     table = table.reset_index()
     for name, fig in figs.items():
         fig.add_hline(y=math.log(vocab), line_dash="dot", annotation_text="uniform (log |V|)")
-        fig.update_layout(title=("Logit lens" if "logit" in name else "Tuned lens (affine translator per layer)")
-                          + f": NLL by layer, reference vs {spec}")
+        fig.update_layout(title=("Logit lens" if "logit" in name else "Tuned lens")
+                          + f": NLL by layer, reference vs {short_spec(spec)}")
     out = StageOutput(tables={"nll_by_layer": table, **tables}, figures=figs)
     out.numbers = {"n_layers": n_layers, "spec": spec, "log_vocab": math.log(vocab), "logit": info_logit,
                    "tuned": info_tuned}

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from interp.figures import draw
+from interp.figures.localize import recovery_intervals
 from interp.localize.patching import gate_input_vs_gate_weights, layer_sweep, patching_table
 from interp.quant import protocol as pr
 from interp.report.context import ReportContext, Stage, StageOutput
 from interp.report.reproduction import Measurement
-from interp.report.stages.common import N_BOOT, d_large_split, patched_spec, quantized_model, record_claims
+from interp.report.stages.common import N_BOOT, d_large_split, patched_spec, quantized_model, record_claims, short_spec
 
 STRONG, WEAK = ("down", "gate"), ("up", "attn_out")  # the paper's strong and weak components
 
@@ -33,7 +34,12 @@ def stage_patching(ctx: ReportContext) -> StageOutput:
     table["NLL-scale high"] = [boot.estimate(c).high for c in table["component"]]
     out = StageOutput(tables={"patching_upper_half": table, "gate_input_vs_weights": gate.table(),
                               "layer_sweep": sweep.table()},
-                      figures={"patching_upper_half": draw(table_result), "gate_input": draw(gate),
+                      figures={"patching_upper_half": recovery_intervals(
+                                   [f"{n} ({span})" for n, span in zip(table["name"], table["layers"], strict=True)],
+                                   table["recovery (NLL scale)"], table["NLL-scale low"], table["NLL-scale high"],
+                                   secondary=table["recovery (perplexity scale)"],
+                                   title=f"Patching into {short_spec(spec)}: recovery of the gap"),
+                               "gate_input": draw(gate),
                                "layer_sweep": draw(sweep)})
     claims: dict[str, Measurement] = {}
     have = all(c in patched for c in STRONG + WEAK)
