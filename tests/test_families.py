@@ -279,3 +279,36 @@ def test_in_memory_needs_tokenizer_and_a_known_dtype(folders):
         interp.load_model(torch.nn.Linear(2, 2), tokenizer=tiny_tokenizer())
     half = interp.load_model(hf, tokenizer=tiny_tokenizer(), dtype="bfloat16")
     assert next(half.original_model.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padded_prompts_equal_each_prompt_alone(family, folders):
+    """Left padding shifts nothing in any family: nll, a probe and the logit lens of a padded batch
+    equal each prompt run alone, unpadded.
+
+    The model runs in float64, but some families' eager attention (Gemma-2/3, GPT-NeoX) keeps a
+    float32 softmax (tests/float64_attention.py wraps the llama-style ones only). A float32 softmax
+    over K <= 40 keys puts a relative error of at most (K + 2) * eps32 on each probability; through
+    2 layers that bounds a per-example value of size ``scale`` by 2 * (K + 2) * eps32 * scale, plus
+    one float32 rounding of the stored result. Measured differences are far below it; a pad leaking
+    into a statistic moves values by 1e-2 or more.
+    """
+    from padding_rows import TEXTS, row_alone
+    from tolerances import EPS32, rounding_tol
+
+    model = interp.load_model(folders[family])
+    model.original_model.to(torch.float64)
+    padded = interp.examples_from_texts(TEXTS, model.tokenizer, padding="left")
+    keys = padded.tokens.shape[1]
+
+    def per_example(ex):
+        return torch.cat([interp.nll(model, ex).double()[None],
+                          interp.probe(model, ex, ["resid_post"], ["norm"], progress=False)["resid_post", "norm"]
+                          .double(),
+                          lens.early_exit(model, ex, progress=False).nll.double()])
+
+    batched = per_example(padded)
+    alone = torch.cat([per_example(row_alone(padded, i)) for i in range(len(TEXTS))], dim=1)
+    bound = rounding_tol(2 * (keys + 2) + 1, alone.abs().amax(dim=1, keepdim=True), EPS32)
+    assert torch.isfinite(batched).all()
+    assert bool(((batched - alone).abs() <= bound).all()), float((batched - alone).abs().max())

@@ -67,6 +67,26 @@ def test_score_honours_the_mask(model64, tok, side, tmp_path) -> None:
     assert torch.equal(torch.tensor(tokens.notna().to_numpy()), valid)  # pad targets stored as NaN
 
 
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_score_with_kl_honours_the_mask(model64, tok, side, tmp_path) -> None:
+    """The KL(p_ref || p_q) path scores padded rows as it scores each row alone (float64, EXACT)."""
+    from interp.quant import parse_spec
+    from interp.quant.store import ScoreStore, score
+
+    ex = examples_from_texts(TEXTS, tok, padding=side)
+    spec = str(parse_spec("rtn:bits=4,group=32"))  # the store's columns are canonical specs
+    errors = score(model64, [spec], ex, store=tmp_path / "padded", kl=True, progress=False, batch_size=4)
+    with ScoreStore(tmp_path / "padded") as st:
+        kl = st.kl_frame(specs=[spec]).iloc[:, 0].tolist()
+    for i in range(len(TEXTS)):
+        folder = tmp_path / f"alone{i}"
+        one = score(model64, [spec], row_alone(ex, i), store=folder, kl=True, progress=False)
+        with ScoreStore(folder) as st:
+            kl_alone = float(st.kl_frame(specs=[spec]).iloc[0, 0])
+        assert abs(float(errors.iloc[i, 0]) - float(one.iloc[0, 0])) < EXACT
+        assert abs(kl[i] - kl_alone) < EXACT and kl_alone > 0
+
+
 def test_padding_changes_the_stored_row(tok) -> None:
     from interp.quant.store import row_hash
 

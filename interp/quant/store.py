@@ -55,8 +55,9 @@ from interp.quant.spec import MethodSpec, parse_spec
 from interp.runtime.batching import batches, check_examples, show_progress
 from interp.runtime.scoring import (
     fast_forward,
-    mask_kwargs,
+    in_padded_layout,
     model_logits,
+    per_token_honouring_mask,
     row_mean,
     target_mask,
     token_kl,
@@ -440,12 +441,16 @@ def _scorer(model: Any, reference: Any | None) -> Callable[..., tuple[torch.Tens
 
     def score_with_kl(tokens: torch.Tensor, mask: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        dtype = next(model.original_model.parameters()).dtype
-        logits = model_logits(model, tokens, run, **mask_kwargs(mask, dtype))
-        values = token_nll(logits, tokens.to(logits.device))
-        kl = row_mean(token_kl(model_logits(reference, tokens, run_ref, **mask_kwargs(mask, dtype)), logits),
-                      mask).cpu()
-        return row_mean(values, mask).cpu(), kl, finish(values, mask)
+        per_kl: list[torch.Tensor] = []
+
+        def nll_and_kl(rows: torch.Tensor) -> torch.Tensor:  # padded rows arrive left-aligned
+            logits = model_logits(model, rows, run)
+            per_kl.append(token_kl(model_logits(reference, rows, run_ref), logits))
+            return token_nll(logits, rows.to(logits.device))
+
+        values = per_token_honouring_mask(nll_and_kl, tokens, mask)
+        kl_values = per_kl[0] if mask is None else in_padded_layout(per_kl[0], mask)
+        return row_mean(values, mask).cpu(), row_mean(kl_values, mask).cpu(), finish(values, mask)
 
     return score_with_kl
 

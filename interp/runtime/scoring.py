@@ -16,7 +16,7 @@ from einops import rearrange
 from tqdm.auto import tqdm
 
 from interp import validate
-from interp.data import Examples
+from interp.data import Examples, left_aligned
 from interp.errors import ComponentError, NonFiniteError
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_examples, device_of, show_progress
@@ -50,21 +50,35 @@ def token_kl(ref_logits: torch.Tensor, logits: torch.Tensor, chunk: int = 32) ->
     return torch.cat(out, dim=1)
 
 
-def mask_kwargs(mask: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Forward keywords for padded rows: an additive ``[B, 1, T, T]`` attention mask and position ids
-    that count real tokens only, so a padded row sees exactly the positions and keys it has alone.
+def in_padded_layout(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-target values of left-aligned rows, put back where each target sat in the padded batch.
 
-    The mask is causal over real keys; a pad query also sees itself, so no softmax row is empty
-    (an all-masked row gives NaN, which ``0 * NaN`` would carry into the real rows' outputs).
+    ``values [B, T-1]`` come from rows whose real tokens were moved to the front
+    (:func:`interp.data.left_aligned`): entry ``j`` scores real token ``j + 1`` of the row.
+    The result has the padded batch's layout, entry ``t`` scoring token ``t + 1``, with NaN
+    wherever :func:`target_mask` is False (a pad target, or a target predicted from a pad).
+    """
+    mask = mask.to(values.device).bool()
+    out = torch.full_like(values, float("nan"))
+    for row in range(mask.shape[0]):
+        where = torch.nonzero(mask[row]).flatten()  # the row's real positions, in order
+        if len(where) > 1:
+            out[row, where[1:] - 1] = values[row, : len(where) - 1]
+    return out
+
+
+def per_token_honouring_mask(fn: Any, tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``fn(rows) -> [B, T-1]`` per-target values, for padded rows too.
+
+    Padded rows are left-aligned first, so each runs the model's own forward exactly as it
+    would alone: the model builds its own causal mask (sliding windows and per-layer-type
+    masks included) and its own position ids. The values are then put back in the padded
+    layout (:func:`in_padded_layout`). Without a mask ``fn`` runs on ``tokens`` as they are.
     """
     if mask is None:
-        return {}
-    m = mask.bool()
-    length = m.shape[1]
-    allowed = torch.ones(length, length, dtype=torch.bool, device=m.device).tril()[None] & m[:, None, :]
-    allowed |= torch.eye(length, dtype=torch.bool, device=m.device)[None]
-    additive = torch.zeros(allowed.shape, dtype=dtype, device=m.device).masked_fill(~allowed, torch.finfo(dtype).min)
-    return {"attention_mask": additive[:, None], "position_ids": (m.long().cumsum(-1) - 1).clamp(min=0)}
+        return fn(tokens)
+    rows, _ = left_aligned(tokens, mask.to(tokens.device))
+    return in_padded_layout(fn(rows), mask)
 
 
 def target_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -153,13 +167,15 @@ def token_nll_fn(model: Any) -> Any:
             readout = Readout(model)
         except ComponentError:
             pass
-    dtype = next(model.original_model.parameters()).dtype
     if readout is None or body is None:
-        return lambda tokens, mask=None: token_nll(model_logits(model, tokens, **mask_kwargs(mask, dtype)), tokens)
+        return lambda tokens, mask=None: per_token_honouring_mask(
+            lambda rows: token_nll(model_logits(model, rows), rows), tokens, mask)
 
     def score(tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        hidden = body(input_ids=tokens, **mask_kwargs(mask, dtype)).last_hidden_state
-        return readout.token_nll(hidden, tokens, normed=True)
+        def rows_nll(rows: torch.Tensor) -> torch.Tensor:
+            return readout.token_nll(body(input_ids=rows).last_hidden_state, rows, normed=True)
+
+        return per_token_honouring_mask(rows_nll, tokens, mask)
 
     return score
 
