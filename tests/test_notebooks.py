@@ -47,10 +47,11 @@ REL_TOL = 5e-3  # "about 3 significant digits"
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|\bnan\b|\bNaN\b|[-+]?\binf\b")
 _TMP = "|".join(re.escape(t) for t in sorted({"/tmp", tempfile.gettempdir()}, key=len, reverse=True))
 _MASKS = [
+    # where the code lives, as a warning prints it: /work/main/interp/stats.py:172 -> <repo>/interp/stats.py:<line>
+    # (first: a checkout under the temporary folder, /tmp/ci/interp/..., is still the repository)
+    (re.compile(r"(?:/[^\s/:'\"]+)+/(?=(?:interp|tests|notebooks)/)"), "<repo>/"),
     # temporary folders (tempfile.mkdtemp names are random): /tmp/interp-byom-5ou8y9t2 -> <tmp>
     (re.compile(rf"(?:{_TMP})/[^\s'\",)\]}}]+"), "<tmp>"),
-    # where the code lives, as a warning prints it: /work/main/interp/stats.py:172 -> <repo>/interp/stats.py:<line>
-    (re.compile(r"(?:/[^\s/:'\"]+)+/(?=(?:interp|tests|notebooks)/)"), "<repo>/"),
     (re.compile(r"(?:/[^\s/:'\"]+)+/site-packages/"), "<site-packages>/"),
     (re.compile(r"\.py:\d+"), ".py:<line>"),
     # timestamps: 2025-11-30 21:32:05.123, 21:32:05

@@ -115,9 +115,11 @@ def recovery_intervals(labels: Sequence[str], point: Sequence[float], low: Seque
     the same recovery on a second scale as open markers (e.g. NLL primary, perplexity beside it).
 
     Example:
-        >>> fig = recovery_intervals(["down", "up"], [0.55, -1.9], [0.49, -2.2], [0.6, -1.7], secondary=[0.69, -12.6])
+        >>> fig = recovery_intervals(["down", "up"], [0.55, -0.3], [0.49, -0.4], [0.6, -0.2], secondary=[0.69, -0.5])
         >>> [trace.type for trace in fig.data], fig.layout.yaxis.title.text
         (['bar', 'scatter'], 'recovery (%)')
+        >>> recovery_intervals(["up"], [-1.9], [-2.2], [-1.7]).layout.yaxis.title.text  # beyond -100%: clipped
+        'recovery (%) (axis clipped: hover for values)'
     """
     pct = [100 * float(v) for v in point]
     fig = go.Figure(go.Bar(
