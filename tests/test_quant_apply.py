@@ -160,6 +160,24 @@ def test_paused_forward_gives_the_rerun_models_to_the_bit(kind, spec, calibratio
     assert paused.keys() == rerun.keys() and all(torch.equal(paused[k], rerun[k]) for k in paused)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_paused_forward_runs_with_the_callers_thread_count(threads, model64, feeder_modes):
+    """The paused block runs in threads of its own; they must use the caller's intra-op thread count, or
+    a float reduction splits differently there and the first block's bit-for-bit check fails (it did
+    under `torch.set_num_threads(1)` on a 2-core machine, where a new thread started with MKL's 2)."""
+    from padding_rows import TEXTS
+
+    seen, _ = feeder_modes
+    calibration = interp.examples_from_texts(TEXTS, model64.tokenizer)  # float64 model, rows of 9 to 54 tokens
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        qa.quantize(model64, SPEC_GPTQ, calibration=calibration, progress=False, batch_size=1)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [True] * len(seen) and seen  # the check passed: the fast path stayed on
+
+
 @pytest.mark.parametrize("failure", ["inputs differ", "hooks out of order"])
 def test_a_failed_first_block_check_falls_back_to_rerunning(model, calibration, feeder_modes, monkeypatch, failure):
     """A block that computed a group before reaching its input hook would fail the check: the first block is

@@ -298,8 +298,12 @@ class PausedBlock:
 
         return pause
 
-    def _body(self, run: _Run) -> None:
+    def _body(self, run: _Run, threads: int) -> None:
         self._local.run = run
+        # the caller's intra-op thread count: a new thread starts with the library default (all cores
+        # for MKL), and a float reduction split over another number of threads rounds differently,
+        # so the first block's bit-for-bit check against the re-run would fail and turn the fast path off
+        torch.set_num_threads(threads)
         try:
             with torch.no_grad():
                 run.output = _hidden(self.feeder.block_list[self.layer](run.hidden, **run.kwargs))
@@ -314,7 +318,7 @@ class PausedBlock:
     def _step(self, run: _Run) -> None:
         """Start or resume ``run`` and wait until it pauses or ends."""
         if run.thread is None:
-            run.thread = threading.Thread(target=self._body, args=(run,), daemon=True,
+            run.thread = threading.Thread(target=self._body, args=(run, torch.get_num_threads()), daemon=True,
                                           name=f"calibration-block{self.layer}")
             run.thread.start()
         else:
