@@ -42,12 +42,7 @@ from interp.quant import apply as qa
 from interp.quant import calibration as qc
 from interp.runtime import hooks
 
-# numerical: derived tolerances, CI reruns this file with one thread. one_thread (conftest.py): with
-# several threads, MKL may split a float64 reduction differently in quantize's paused block-forward
-# thread than in the re-run it is checked against (it did on a loaded CI machine); the check then
-# falls back to the re-run, which records block 0's inputs twice, and the path-dependent input
-# comparison below would fail for a reason that is not padding
-pytestmark = [pytest.mark.numerical, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.numerical  # derived tolerances: CI reruns this file with one thread
 
 EXACT = 1e-10  # float64 end to end, see the module docstring
 SPECS = ["gptq:bits=4,group=32", "awq:bits=4,group=32,grid=5"]
