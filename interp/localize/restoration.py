@@ -98,12 +98,7 @@ def _restore_role(restored: Any, reference: Any, layer: int, role: str) -> None:
     if not isinstance(source_bias, Tensor) or not isinstance(bias, Tensor):
         return
     value = _rows_of(source_bias.detach(), src.rows).to(bias.device, bias.dtype)
-    if dst.rows is None:
-        bias.copy_(value)
-    elif isinstance(dst.rows, slice):
-        bias[dst.rows].copy_(value)
-    else:
-        bias.index_copy_(0, dst.rows.to(bias.device), value)
+    hk.write_rows(bias, dst.rows, value)
     mirrors = {id(mirror) for mirror in dst.mirrors}
     for module in hk.blocks(restored)[layer].modules():  # the bridge's split copies carry a bias of their own
         split_bias = getattr(module, "bias", None)

@@ -225,12 +225,7 @@ class WeightSlot:
         with torch.no_grad():
             matrix = self._matrix()
             value = value.to(matrix.device, matrix.dtype)
-            if self.rows is None:
-                matrix.copy_(value)
-            elif isinstance(self.rows, slice):
-                matrix[self.rows].copy_(value)
-            else:
-                matrix.index_copy_(0, self.rows.to(matrix.device), value)
+            write_rows(matrix, self.rows, value)
             for mirror in self.mirrors:
                 mirror.copy_(value)
 
@@ -475,3 +470,14 @@ def linear_input_hook(model: Any, layer: int, role: str) -> str:
     if name not in model.hook_dict:
         raise ComponentError(f"{_architecture(model)} has no hook point {name} for the input of {role!r}.")
     return name
+
+
+def write_rows(target: torch.Tensor, rows: slice | torch.Tensor | None, value: torch.Tensor) -> None:
+    """Copy ``value`` into ``target`` in place: all of it (``rows=None``), a block of rows (a slice,
+    e.g. q of a fused qkv weight), or the rows an index tensor names (per-head interleaved layouts)."""
+    if rows is None:
+        target.copy_(value)
+    elif isinstance(rows, slice):
+        target[rows].copy_(value)
+    else:
+        target.index_copy_(0, rows.to(target.device), value)
