@@ -477,6 +477,8 @@ TINY_VOCAB = 259
 def tiny_model(kind: Literal["llama", "gpt2"] = "llama", seed: int = 0, n_layers: int = 2, **overrides: Any) -> Any:
     """A random-init model for unit tests (no download): llama-style gated MLP, or GPT-2.
 
+    ``overrides`` are config fields, replacing the small defaults (e.g. ``hidden_size=256``).
+
     Example:
         >>> import interp
         >>> model = interp.tiny_model("gpt2", n_layers=1)
@@ -488,17 +490,17 @@ def tiny_model(kind: Literal["llama", "gpt2"] = "llama", seed: int = 0, n_layers
     torch.manual_seed(seed)
     cfg: PreTrainedConfig
     if kind == "llama":
-        cfg = LlamaConfig(  # type: ignore[call-arg]  # attn_implementation is taken by PreTrainedConfig
-            vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-            bos_token_id=256, eos_token_id=257, pad_token_id=258, tie_word_embeddings=True,
-            attn_implementation="eager", **overrides,
-        )
+        cfg = LlamaConfig(**{  # type: ignore[call-arg]  # attn_implementation is taken by PreTrainedConfig
+            "vocab_size": TINY_VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": n_layers,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+            "bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258, "tie_word_embeddings": True,
+            "attn_implementation": "eager", **overrides,
+        })
     elif kind == "gpt2":
-        cfg = GPT2Config(  # type: ignore[call-arg]  # attn_implementation is taken by PreTrainedConfig
-            vocab_size=TINY_VOCAB, n_embd=64, n_layer=n_layers, n_head=4, n_positions=256,
-            bos_token_id=256, eos_token_id=257, attn_implementation="eager", **overrides,
-        )
+        cfg = GPT2Config(**{  # type: ignore[call-arg]  # attn_implementation is taken by PreTrainedConfig
+            "vocab_size": TINY_VOCAB, "n_embd": 64, "n_layer": n_layers, "n_head": 4, "n_positions": 256,
+            "bos_token_id": 256, "eos_token_id": 257, "attn_implementation": "eager", **overrides,
+        })
     else:
         raise ModelLoadError(f"tiny_model kind must be 'llama' or 'gpt2'; got {kind!r}.")
     cfg.architectures = ["LlamaForCausalLM" if kind == "llama" else "GPT2LMHeadModel"]

@@ -281,6 +281,27 @@ def test_quantize_cached_loads_without_requantizing(model, calibration, tmp_path
     assert qa.cache_key(model, SPEC_GPTQ, calibration) != key
 
 
+def test_algorithm_versions_enter_the_cache_key(model, calibration, monkeypatch):
+    """A changed quantizer or calibration feeder bumps its version, and the cache no longer serves
+    the old weights; the version is recorded in the quant info too."""
+    import dataclasses
+
+    from interp.quant import calibration as qcal
+    from interp.quant.spec import METHODS
+
+    gptq, rtn = qa.cache_key(model, SPEC_GPTQ, calibration), qa.cache_key(model, SPEC_RTN, None)
+    record = METHODS["gptq"]
+    monkeypatch.setattr(qa, "METHODS", {**dict(METHODS), "gptq": dataclasses.replace(record, version=record.version + 1)})
+    assert qa.cache_key(model, SPEC_GPTQ, calibration) != gptq
+    assert qa.cache_key(model, SPEC_RTN, None) == rtn  # another method's version is not this one's
+    monkeypatch.setattr(qa, "METHODS", METHODS)
+    monkeypatch.setattr(qa, "FEEDER_VERSION", qcal.FEEDER_VERSION + 1)
+    assert qa.cache_key(model, SPEC_GPTQ, calibration) != gptq  # the calibration forwards changed
+    assert qa.cache_key(model, SPEC_RTN, None) == rtn  # a calibration-free method does not use them
+    info = qa.quantize(model, SPEC_RTN, progress=False).quant_info
+    assert info.algorithm == f"rtn-v{METHODS['rtn'].version}"
+
+
 @pytest.mark.integration
 def test_smollm2_rtn4_costs_a_little_nll(smol):
     """Real model: 4-bit RTN raises NLL slightly on average; 3-bit more than 4-bit."""

@@ -70,9 +70,9 @@ from interp.data import Examples
 from interp.errors import ComponentError, InterpError, SpecError
 from interp.io import ensure_writable_dir, write_json
 from interp.models import model_hash  # a model's identity lives with the models; re-exported here
-from interp.quant.calibration import LayerFeeder, OutOfOrder
+from interp.quant.calibration import FEEDER_VERSION, LayerFeeder, OutOfOrder
 from interp.quant.methods import LayerInputs, quantize_weight, relative_error
-from interp.quant.spec import MethodSpec, parse_spec
+from interp.quant.spec import METHODS, MethodSpec, parse_spec
 from interp.runtime import hooks
 from interp.runtime.batching import check_examples, device_of, kernels, show_progress
 
@@ -98,6 +98,7 @@ class QuantInfo:
         role_seconds: total ``quantize_weight`` time per linear role.
         calibration_seconds: time spent collecting calibration inputs.
         relative_errors: ``"layer.role"`` -> ``||W - W_hat||_F / ||W||_F``.
+        algorithm: :func:`algorithm_version` of the code that made the weights.
 
     Example:
         >>> import interp
@@ -116,6 +117,7 @@ class QuantInfo:
     role_seconds: dict[str, float] = field(default_factory=dict)
     calibration_seconds: float = 0.0
     relative_errors: dict[str, float] = field(default_factory=dict)
+    algorithm: str = ""
 
     @property
     def seconds_per_layer(self) -> float:
@@ -229,6 +231,7 @@ def quantize(
         reference_hash=reference_hash,
         reference_name=getattr(getattr(model, "info", None), "name", "model"),
         calibration=_calibration_record(calibration),
+        algorithm=algorithm_version(spec),
     )
     bar = tqdm(total=n, desc=f"quantize {spec.method}{spec.bits}", unit="layer", disable=not show_progress(progress))
     start = time.perf_counter()
@@ -491,19 +494,39 @@ def load_quantized(reference: Any, path: str | os.PathLike[str]) -> Any:
     return qmodel
 
 
+def algorithm_version(spec: str | MethodSpec) -> str:
+    """The version of the code that makes ``spec``'s weights, as the cache key and the quant info
+    record it: the method's own (:attr:`~interp.quant.spec.Quantizer.version`) and, for a
+    calibrated method, the calibration feeder's (:data:`interp.quant.calibration.FEEDER_VERSION`).
+
+    Example:
+        >>> from interp.quant.apply import algorithm_version
+        >>> algorithm_version("rtn:bits=3"), algorithm_version("gptq:bits=3")
+        ('rtn-v1', 'gptq-v1+feeder-v2')
+    """
+    spec = parse_spec(spec)
+    text = f"{spec.method}-v{METHODS[spec.method].version}"
+    return f"{text}+feeder-v{FEEDER_VERSION}" if spec.needs_calibration else text
+
+
 def cache_key(reference: Any, spec: str | MethodSpec, calibration: Examples | None) -> str:
     """The disk-cache key of a quantized model: (reference hash, canonical spec, calibration hash,
-    kernels).
+    kernels, algorithm version).
 
     The kernels (:func:`interp.runtime.batching.kernels`: ``cpu-AVX512``, ``cpu-AVX2``, a CUDA
     architecture) are part of the key because a calibrated quantizer's result depends on them:
     GPTQ 3-bit on SmolLM2 puts 28% of the weights on another grid level under AVX2 than under
     AVX-512 kernels. A cached model is therefore always what a fresh run here would make.
+
+    So is the algorithm's version (:func:`algorithm_version`): a change to a quantizer, or to the
+    calibration forwards that feed the calibrated ones, bumps it, and older cached results are no
+    longer found.
     """
     spec = parse_spec(spec)
     calibration_hash = examples_hash(calibration) if spec.needs_calibration else "none"
     tag = kernels(device_of(reference))
-    key = hashlib.sha256(f"{model_hash(reference)}|{spec}|{calibration_hash}|{tag}".encode()).hexdigest()[:16]
+    version = algorithm_version(spec)
+    key = hashlib.sha256(f"{model_hash(reference)}|{spec}|{calibration_hash}|{tag}|{version}".encode()).hexdigest()[:16]
     return f"{spec.method}{spec.bits}-g{spec.group}-{key}"
 
 

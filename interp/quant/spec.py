@@ -112,6 +112,9 @@ class Quantizer:
             3-bit methods, and the 4-bit ones that re-grid onto the reference's 4-bit grid).
         quick_bits: the bit widths ``interp report --quick`` runs it at (calibration-free methods only).
         report_rank: where the report lists it, simplest grid first.
+        version: the algorithm's version, part of the quantized-model cache key
+            (:func:`interp.quant.apply.cache_key`). Bump it with any change that alters the
+            weights the method produces, so no cache anywhere serves the old result as the new.
 
     Example:
         >>> record = METHODS["gptq"]
@@ -128,6 +131,7 @@ class Quantizer:
     report_bits: tuple[int, ...] = ()
     quick_bits: tuple[int, ...] = ()
     report_rank: int = 100
+    version: int = 1
 
     def bits_text(self) -> str:
         return ", ".join(str(b) for b in self.bits)
