@@ -451,6 +451,33 @@ def read_quant_info(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return record if complete and has_hash and record.get("format") == FORMAT_VERSION else None
 
 
+def cached_quant_info(reference: Any, spec: str | MethodSpec, calibration: Examples | None = None,
+                      cache_dir: str | os.PathLike[str] | None = None) -> QuantInfo | None:
+    """How the cached quantized model for ``spec`` was made, read from its ``quant.json`` without
+    loading the weights; ``None`` when the cache has no complete model of ``reference`` for it.
+
+    Example:
+        >>> import tempfile
+        >>> import interp
+        >>> from interp.quant import quantize_cached
+        >>> from interp.quant.apply import cached_quant_info
+        >>> model, cache = interp.tiny_model("llama"), tempfile.mkdtemp()
+        >>> cached_quant_info(model, "rtn:bits=4,group=32", cache_dir=cache) is None
+        True
+        >>> made = quantize_cached(model, "rtn:bits=4,group=32", cache_dir=cache, progress=False)
+        >>> cached_quant_info(model, "rtn:bits=4,group=32", cache_dir=cache) == made.quant_info
+        True
+    """
+    spec = parse_spec(spec)
+    calibration = calibration if spec.needs_calibration else None
+    root = Path(cache_dir) if cache_dir is not None else models.cache_dir() / "quantized"
+    record = read_quant_info(root / cache_key(reference, spec, calibration))
+    if record is None or record.get("spec") != str(spec) or record.get("reference_hash") != model_hash(reference):
+        return None
+    fields = {f.name for f in dataclasses.fields(QuantInfo)}
+    return QuantInfo(**{k: v for k, v in record.items() if k in fields})
+
+
 def load_quantized(reference: Any, path: str | os.PathLike[str]) -> Any:
     """A copy of ``reference`` carrying the quantized weights saved in ``path``.
 

@@ -20,7 +20,7 @@ import pandas as pd
 from interp.data import Examples
 from interp.errors import InterpError
 from interp.quant.analysis.split import SplitResult, split_large_ctrl
-from interp.quant.apply import quantize_cached
+from interp.quant.apply import cached_quant_info, quantize_cached
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.quant.store import ScoreStore, score
 
@@ -48,6 +48,16 @@ class ErrorSplit:
     batch_size: int = 8
     progress: bool | None = None
     _models: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def quant_info(self, spec: str | MethodSpec) -> Any:
+        """``quantized(spec).quant_info``, read from the cache's record when the model is not loaded
+        (a quantized SmolLM2 copy takes about a second to load; the record, a millisecond)."""
+        name = str(parse_spec(spec))
+        if name not in self._models:
+            info = cached_quant_info(self.reference, name, self.calibration, cache_dir=self.cache_dir)
+            if info is not None:
+                return info
+        return self.quantized(name).quant_info
 
     def quantized(self, spec: str | MethodSpec) -> Any:
         """The quantized copy for ``spec``: loaded from the cache (quantized there first if absent), kept."""

@@ -12,7 +12,7 @@ from interp import (
 )
 from interp.quant.store import ScoreStore
 from interp.report.context import ReportContext, Stage, StageOutput
-from interp.report.stages.common import method_errors, quantized_model, spec_bits
+from interp.report.stages.common import method_errors, setup, spec_bits
 from interp.runtime.scoring import nll as model_nll
 from interp.runtime.scoring import perplexity
 
@@ -24,8 +24,7 @@ def stage_quantization(ctx: ReportContext) -> StageOutput:
     ref = torch.tensor(nll["reference"].to_numpy())
     rows, timing = [], []
     for spec in errors.columns:
-        qmodel = quantized_model(ctx, spec)
-        info = qmodel.quant_info
+        info = setup(ctx).quant_info(spec)  # the cache's record: no model load
         bits = spec_bits(spec)
         rows.append({"method": spec, "role": "headline (3-bit)" if bits <= 3 else "re-gridding (4-bit onto 4-bit)",
                      "mean error (nats)": float(errors[spec].mean()),
