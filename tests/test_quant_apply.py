@@ -291,7 +291,8 @@ def test_algorithm_versions_enter_the_cache_key(model, calibration, monkeypatch)
 
     gptq, rtn = qa.cache_key(model, SPEC_GPTQ, calibration), qa.cache_key(model, SPEC_RTN, None)
     record = METHODS["gptq"]
-    monkeypatch.setattr(qa, "METHODS", {**dict(METHODS), "gptq": dataclasses.replace(record, version=record.version + 1)})
+    bumped = dataclasses.replace(record, version=record.version + 1)
+    monkeypatch.setattr(qa, "METHODS", {**dict(METHODS), "gptq": bumped})
     assert qa.cache_key(model, SPEC_GPTQ, calibration) != gptq
     assert qa.cache_key(model, SPEC_RTN, None) == rtn  # another method's version is not this one's
     monkeypatch.setattr(qa, "METHODS", METHODS)

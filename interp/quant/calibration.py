@@ -25,13 +25,13 @@ import torch
 from interp.data import Examples, counted_positions, left_aligned, load_examples
 from interp.errors import ComponentError, InterpError
 from interp.quant.spec import MethodSpec, parse_spec
+from interp.runtime import hooks
+from interp.runtime.batching import batches
 
 # The version of the calibration forwards (what LayerFeeder feeds each layer), part of a calibrated
 # quantizer's cache key (interp.quant.apply.algorithm_version). 2: padded rows left-aligned and the
 # block run with the model's own mask builder (the Gemma-3 feeder fix).
 FEEDER_VERSION = 2
-from interp.runtime import hooks
-from interp.runtime.batching import batches
 
 
 def needs_calibration(specs: Iterable[str | MethodSpec]) -> bool:
