@@ -474,6 +474,11 @@ def cached_quant_info(reference: Any, spec: str | MethodSpec, calibration: Examp
     record = read_quant_info(root / cache_key(reference, spec, calibration))
     if record is None or record.get("spec") != str(spec) or record.get("reference_hash") != model_hash(reference):
         return None
+    return _info_from_record(record)
+
+
+def _info_from_record(record: dict[str, Any]) -> QuantInfo:
+    """The QuantInfo a saved ``quant.json`` describes (its other keys are the file's own)."""
     fields = {f.name for f in dataclasses.fields(QuantInfo)}
     return QuantInfo(**{k: v for k, v in record.items() if k in fields})
 
@@ -516,8 +521,7 @@ def load_quantized(reference: Any, path: str | os.PathLike[str]) -> Any:
         for layer in range(hooks.n_layers(qmodel)):
             for role, slot in hooks.linear_weights(qmodel, layer).items():
                 slot.write(tensors[f"{layer}.{role}"])
-    fields = {f.name for f in dataclasses.fields(QuantInfo)}
-    _label(qmodel, reference, QuantInfo(**{k: v for k, v in record.items() if k in fields}))
+    _label(qmodel, reference, _info_from_record(record))
     return qmodel
 
 
