@@ -98,7 +98,7 @@ class QuantInfo:
         role_seconds: total ``quantize_weight`` time per linear role.
         calibration_seconds: time spent collecting calibration inputs.
         relative_errors: ``"layer.role"`` -> ``||W - W_hat||_F / ||W||_F``.
-        algorithm: :func:`algorithm_version` of the code that made the weights.
+        algorithm: :func:`~interp.quant.apply.algorithm_version` of the code that made the weights.
 
     Example:
         >>> import interp
@@ -549,7 +549,7 @@ def cache_key(reference: Any, spec: str | MethodSpec, calibration: Examples | No
     GPTQ 3-bit on SmolLM2 puts 28% of the weights on another grid level under AVX2 than under
     AVX-512 kernels. A cached model is therefore always what a fresh run here would make.
 
-    So is the algorithm's version (:func:`algorithm_version`): a change to a quantizer, or to the
+    So is the algorithm's version (:func:`~interp.quant.apply.algorithm_version`): a change to a quantizer, or to the
     calibration forwards that feed the calibrated ones, bumps it, and older cached results are no
     longer found.
     """
