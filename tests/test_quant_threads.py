@@ -19,22 +19,13 @@ import torch
 import interp
 from interp.quant import quantize_weight
 from interp.runtime import hooks
+from interp.runtime.batching import torch_threads
 
 pytestmark = pytest.mark.integration
 
 
 def _digest(tensor: torch.Tensor) -> str:
     return hashlib.sha256(tensor.contiguous().numpy().tobytes()).hexdigest()
-
-
-def _at_threads(threads: int, work) -> dict:
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        assert torch.get_num_threads() == threads
-        return work()
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_one_thread_and_two_make_the_same_weights(smol):
@@ -56,6 +47,11 @@ def test_one_thread_and_two_make_the_same_weights(smol):
                                                               inputs[role]))
         return out
 
-    one, two = _at_threads(1, work), _at_threads(2, work)
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+        one = work()
+    with torch_threads(2):
+        assert torch.get_num_threads() == 2
+        two = work()
     assert len(one) == 3 * len(slots) + 4
     assert [key for key in one if one[key] != two[key]] == []

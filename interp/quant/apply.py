@@ -471,8 +471,8 @@ def cached_quant_info(reference: Any, spec: str | MethodSpec, calibration: Examp
     spec = parse_spec(spec)
     calibration = calibration if spec.needs_calibration else None
     root = Path(cache_dir) if cache_dir is not None else models.cache_dir() / "quantized"
-    record = read_quant_info(root / cache_key(reference, spec, calibration))
-    if record is None or record.get("spec") != str(spec) or record.get("reference_hash") != model_hash(reference):
+    record = read_quant_info(root / cache_key(reference, spec, calibration))  # the key holds the reference's hash
+    if record is None or record.get("spec") != str(spec):
         return None
     return _info_from_record(record)
 

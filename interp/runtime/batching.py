@@ -5,7 +5,8 @@ memory; and the progress-bar rule.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +155,23 @@ def kernels(device: torch.device | str = "cpu") -> str:
     if device.type == "cpu":
         return f"cpu-{torch.backends.cpu.get_cpu_capability()}"
     return device.type
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block on ``n`` torch intra-op threads, then restore the caller's count (even on error).
+
+    Example:
+        >>> before = torch.get_num_threads()
+        >>> with torch_threads(1):
+        ...     torch.get_num_threads()
+        1
+        >>> torch.get_num_threads() == before
+        True
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

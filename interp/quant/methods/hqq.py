@@ -8,7 +8,7 @@ The package runs on one torch thread here, whatever the caller's setting. Its op
 depends on the thread count: on SmolLM2-135M, ``hqq:bits=3,group=64`` put 2,621 of the 106M
 block weights (2.5e-5) elsewhere with two threads than with one (at most 9e-5 of the weight's
 largest magnitude), so a cached model would have depended on the machine that made it. One
-thread costs 11.5 s against 8.1 s for the whole model on two cores.
+thread costs 10.7 s against 8.1 s for the whole model on two cores (single runs).
 
 Example:
     >>> import torch
@@ -33,9 +33,9 @@ def quantize(W: Tensor, spec: MethodSpec, _calibration: object) -> Tensor:
     import torch
     from hqq.core.quantize import Quantizer as HQQQuantizer
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the same weights on every machine (see the module docstring)
-    try:
+    from interp.runtime.batching import torch_threads
+
+    with torch_threads(1):  # the same weights on every machine (see the module docstring)
         levels, meta = HQQQuantizer.quantize(
             W,
             nbits=spec.bits,
@@ -48,8 +48,6 @@ def quantize(W: Tensor, spec: MethodSpec, _calibration: object) -> Tensor:
         )
         meta["compute_dtype"] = torch.float32  # dequantize() defaults to float16 otherwise
         dequantized: Tensor = HQQQuantizer.dequantize(levels, meta)
-    finally:
-        torch.set_num_threads(threads)
     return dequantized.reshape(W.shape).float()
 
 
