@@ -37,8 +37,7 @@ from typing import Any
 
 import pandas as pd
 import torch
-from einops import rearrange
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from interp import validate
@@ -49,8 +48,8 @@ from interp.attention.metrics import METRICS as ATTENTION_METRICS
 from interp.attention.metrics import AttentionMetric
 from interp.data import Examples, counted_positions, left_aligned
 from interp.display import ResultDisplay
-from interp.errors import ComponentError, InterpError, NonFiniteError
-from interp.io import ensure_writable_dir, write_json
+from interp.errors import ComponentError, DataError, InterpError, NonFiniteError
+from interp.io import ensure_writable_dir, read_safetensors, write_json
 from interp.runtime import hooks as hk
 from interp.runtime.batching import StopForward, batches, check_examples, check_memory, device_of, show_progress
 from interp.runtime.scoring import token_nll
@@ -244,8 +243,12 @@ class ProbeResult(ResultDisplay):
     @classmethod
     def load(cls, folder: str | Path) -> "ProbeResult":
         folder = Path(folder)
-        meta = json.loads((folder / "probe.json").read_text())
-        raw = load_file(str(folder / "stats.safetensors"))
+        try:
+            meta = json.loads((folder / "probe.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{folder} holds no readable probe.json ({exc}): it is not a saved probe result "
+                            "(ProbeResult.save writes one).") from None
+        raw = read_safetensors(folder / "stats.safetensors", "probe statistics")
         stats = {k.replace(".", "/", 1): v for k, v in raw.items()}
         return cls(stats=stats, layers=meta["layers"], ids=meta["ids"], settings=meta["settings"])
 
@@ -255,13 +258,8 @@ class ProbeResult(ResultDisplay):
 
 
 def _full_bytes(model: Any, component: str, n_examples: int, seq_len: int, n_layers: int) -> int:
-    cfg = model.cfg
-    per_pos = {
-        "pattern": cfg.n_heads * seq_len,
-        "head": cfg.n_heads * cfg.d_head,
-        "gate": cfg.d_mlp, "gate_pre": cfg.d_mlp, "up": cfg.d_mlp,
-    }.get(component, cfg.d_model)
-    return n_examples * seq_len * per_pos * n_layers * 4
+    """Bytes a float32 ``full`` capture takes: the component record's width (d_mlp for ``mlp_pre``...)."""
+    return hk.capture_bytes(model, component, n_examples, seq_len, n_layers)
 
 
 def probe(
@@ -318,6 +316,8 @@ def probe(
     """
     layer_list = validate.layer_indices(layers, hk.n_layers(model))
     batch_size = validate.batch_size(batch_size)
+    components = validate.names(components, "components")
+    reducers = validate.names(reducers, "reducers", valid=REDUCERS)
     pairs = _pairs(model, components, reducers, layer_list)
     n, seq_len = examples.tokens.shape
     check_examples(model, examples)
@@ -404,18 +404,15 @@ class _ProbeRun:
 
     def _consumer(self, component: str, li: int, layer: int, wanted: list[str], name: str
                   ) -> Callable[[torch.Tensor], None]:
-        act = hk.activation_fn(self.model, layer) if component == "gate" else None
+        read = hk.reader(self.model, component, layer)
+        key_of_consumer = f"{component}@{layer}"
         keys = [(reducer, f"{component}/{reducer}") for reducer in wanted]
 
         def consume(x: torch.Tensor) -> None:
             if self.dry:
-                self.fired.append(name)
+                self.fired.append(key_of_consumer)
                 return
-            x = x.detach()
-            if component == "head" and x.ndim == 3:  # the native tap sees o_proj's flat input
-                x = rearrange(x, "b t (h d) -> b t h d", h=self.model.cfg.n_heads)
-            if act is not None:
-                x = act(x)
+            x = read(x.detach())  # the record's transform: heads split, gate activation, per-head W_O
             wide = x if x.dtype == torch.float64 else x.float()  # statistics in float32, or float64 if the model is
             for reducer, key in keys:
                 if self.lengths is None:
@@ -430,7 +427,7 @@ class _ProbeRun:
                 if reducer != "full":
                     self._check_finite(value, component, layer)
                 self._store(key, li, value)
-            if name == self.last:
+            if key_of_consumer == self.last:  # not the hook name: two components may share one hook point
                 raise StopForward
 
         return consume

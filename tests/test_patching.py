@@ -135,6 +135,33 @@ def test_engine_equals_the_naive_loop(pair64, rows):
 
 
 @pytest.mark.numerical
+def test_a_planted_indexing_bug_in_the_engine_is_caught(pair64, rows, monkeypatch):
+    """The naive loop shares no code with the engine's assignment: plant an off-by-one position in
+    the engine's ``_assign`` and the engine-vs-naive comparison above fails by far more than EXACT."""
+    from interp.localize.patching import engine
+
+    reference, quantized = pair64
+    jobs = [P.Patch("down", (1,), positions=(3, 5)), P.Patch("head", (2,), positions=(4,), heads=(1,))]
+    honest = P.patch_naive(quantized, reference, rows, jobs, batch_size=5, metric=F64NLL())
+    original = engine._assign
+
+    def off_by_one(x, row, src, positions, heads):
+        shifted = None if positions is None else (positions + 1) % src.shape[1]  # the planted bug
+        view = x[row : row + src.shape[0]]
+        if heads is None:
+            view[:, positions] = src[:, shifted]
+        else:
+            original(x, row, src.roll(-1, dims=1), positions, heads)
+
+    monkeypatch.setattr(engine, "_assign", off_by_one)
+    buggy = P.patch(quantized, reference, rows, jobs, batch_size=5, metric=F64NLL())
+    naive = P.patch_naive(quantized, reference, rows, jobs, batch_size=5, metric=F64NLL())
+    assert torch.equal(naive.values, honest.values)  # the reference does not run the engine's assignment
+    gap = (buggy.values - naive.values).abs().amax(dim=1)
+    assert (gap > 1e3 * EXACT).all(), gap  # every planted-bug job is caught, far outside EXACT
+
+
+@pytest.mark.numerical
 def test_engine_equals_transformer_lens_own_serial_loop(pair64, rows):
     """The other baseline of benchmarks/bench_patching.py: run_with_cache for the source, then one
     run_with_hooks per patch whose hook returns the source's activation (float64: reordering only)."""

@@ -19,7 +19,13 @@ up            up projection W_up h                                 [batch, pos, 
 down          MLP output (after the down projection)               [batch, pos, d_model]
 gate_input    input to the gate projection (equals ``h``)          [batch, pos, d_model]
 mlp_pre       plain MLPs: W_in h + b, before the activation        [batch, pos, d_mlp]
+z             per-head attention output before ``W_O`` (= head)    [batch, pos, head, d_head]
+result        per-head output ``z_h W_O[h]`` (o_proj bias left out) [batch, pos, head, d_model]
 ============  ==================================================  =========================
+
+Each component is one :class:`ComponentRecord` in :data:`COMPONENT_RECORDS` (hook point,
+width, the layouts it needs, whether it can be patched, its label, its per-head axes, its
+native taps); the tables above and every list of names elsewhere are derived from them.
 
 Which components a model has follows from its layout (:class:`interp.models.ModelInfo`):
 ``gate_pre``, ``gate``, ``up`` and ``gate_input`` need a gated MLP (separate ``gate_proj`` or
@@ -36,8 +42,8 @@ RMSNorm scales by ``1 + gamma``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -46,31 +52,149 @@ from interp.architecture import decoder_layers_path, follow, plain_module_tree
 from interp.errors import ComponentError
 from interp.validate import layer_indices
 
+# ---------------------------------------------------------------------------------------
+# The component registry: one record per component. Everything that needs to know about a
+# component (probes, memory estimates, the native tap tables, patching, figures, CLI choices)
+# reads its record, so adding a component is adding one record to COMPONENT_RECORDS.
+
+Layout = Literal["gated", "plain", "serial"]
+Width = Literal["d_model", "d_mlp", "heads_d_head", "heads_d_model", "heads_keys"]
+NativeLayout = Literal["pre_norm", "sandwich", "post_norm"]
+Tap = tuple[str, str, int | None]  # (submodule path in the decoder layer, "in" | "out", output index)
+Transform = Literal["", "activation", "per_head_out"]
+
+
+@dataclass(frozen=True)
+class ComponentRecord:
+    """Everything interp knows about one component, in one place.
+
+    Attributes:
+        name: the semantic name (``"resid_pre"``, ``"gate"``, ``"z"``, ...).
+        hook: the transformer-lens bridge hook-point template (``{layer}`` filled in).
+        width: the per-position size of one capture: ``d_model``, ``d_mlp``,
+            ``heads_d_head`` (``n_heads * d_head``), ``heads_d_model`` (``n_heads * d_model``)
+            or ``heads_keys`` (``n_heads * seq_len``, the attention pattern).
+        needs: the layouts the model must have: ``gated`` (a gated MLP), ``plain`` (a plain
+            MLP) and ``serial`` (attention then MLP, not a parallel block).
+        patchable: whether :class:`interp.localize.patching.Patch` may overwrite it.
+        label: how figures and tables name it.
+        shape: the capture's shape, as the docs write it.
+        per_head: the axis names after ``[batch, pos]`` for per-head components
+            (``("head", "d_head")``), empty otherwise; ``heads=`` patches select on the first.
+        transform: how the value is derived from what the hook point carries: ``""`` (as
+            it is), ``"activation"`` (the MLP activation applied: ``gate``) or
+            ``"per_head_out"`` (each head's ``z`` through its slice of ``W_O``).
+        native: where the component sits on the bridge-free Hugging Face tree
+            (:func:`native_model`), by block layout; a layout left out means "use the bridge".
+
+    Example:
+        >>> record = COMPONENT_RECORDS["mlp_pre"]
+        >>> record.width, sorted(record.needs), record.patchable
+        ('d_mlp', ['plain'], True)
+    """
+
+    name: str
+    hook: str
+    width: Width
+    needs: frozenset[str] = frozenset()
+    patchable: bool = True
+    label: str = ""
+    shape: str = "[batch, pos, d_model]"
+    per_head: tuple[str, ...] = ()
+    transform: Transform = ""
+    native: Mapping[str, Tap] = field(default_factory=dict)
+
+    def per_position(self, model: Any, seq_len: int) -> int:
+        """Values per token position in one layer's capture of ``model``."""
+        dims = _dims(model)
+        return {"d_model": dims["d_model"], "d_mlp": dims["d_mlp"], "heads_d_head": dims["n_heads"] * dims["d_head"],
+                "heads_d_model": dims["n_heads"] * dims["d_model"], "heads_keys": dims["n_heads"] * seq_len}[self.width]
+
+
+def _everywhere(tap: Tap) -> dict[str, Tap]:
+    return {"pre_norm": tap, "sandwich": tap, "post_norm": tap}
+
+
+def _records(*records: ComponentRecord) -> dict[str, ComponentRecord]:
+    return {r.name: r for r in records}
+
+
+_Z_TAP: Tap = ("self_attn.o_proj", "in", None)
+COMPONENT_RECORDS: dict[str, ComponentRecord] = _records(
+    ComponentRecord("resid_pre", "blocks.{layer}.hook_resid_pre", "d_model", label="resid_pre",
+                    native=_everywhere(("", "in", None))),
+    ComponentRecord("resid_mid", "blocks.{layer}.hook_resid_mid", "d_model", frozenset({"serial"}), label="resid_mid",
+                    native={"pre_norm": ("post_attention_layernorm", "in", None),
+                            "sandwich": ("pre_feedforward_layernorm", "in", None), "post_norm": ("mlp", "in", None)}),
+    ComponentRecord("resid_post", "blocks.{layer}.hook_resid_post", "d_model", label="resid_post",
+                    native=_everywhere(("", "out", 0))),
+    ComponentRecord("h", "blocks.{layer}.mlp.hook_in", "d_model", patchable=False, label="MLP input",
+                    native={"pre_norm": ("post_attention_layernorm", "out", None),
+                            "sandwich": ("pre_feedforward_layernorm", "out", None), "post_norm": ("mlp", "in", None)}),
+    ComponentRecord("attn_out", "blocks.{layer}.hook_attn_out", "d_model", label="attention",
+                    native={"pre_norm": ("self_attn", "out", 0), "sandwich": ("post_attention_layernorm", "out", None),
+                            "post_norm": ("post_attention_layernorm", "out", None)}),
+    ComponentRecord("pattern", "blocks.{layer}.attn.hook_pattern", "heads_keys", patchable=False,
+                    label="attention pattern", shape="[batch, head, q, k]",
+                    native=_everywhere(("self_attn", "out", 1))),
+    ComponentRecord("head", "blocks.{layer}.attn.hook_z", "heads_d_head", label="heads",
+                    shape="[batch, pos, head, d_head]", per_head=("head", "d_head"), native=_everywhere(_Z_TAP)),
+    ComponentRecord("gate_pre", "blocks.{layer}.mlp.hook_pre", "d_mlp", frozenset({"gated"}), patchable=False,
+                    label="gate pre-activation", shape="[batch, pos, d_mlp]",
+                    native=_everywhere(("mlp.gate_proj", "out", None))),
+    ComponentRecord("gate", "blocks.{layer}.mlp.hook_pre", "d_mlp", frozenset({"gated"}), label="gate",
+                    shape="[batch, pos, d_mlp]", transform="activation",
+                    native=_everywhere(("mlp.gate_proj", "out", None))),
+    ComponentRecord("up", "blocks.{layer}.mlp.hook_pre_linear", "d_mlp", frozenset({"gated"}), label="up",
+                    shape="[batch, pos, d_mlp]", native=_everywhere(("mlp.up_proj", "out", None))),
+    ComponentRecord("down", "blocks.{layer}.hook_mlp_out", "d_model", label="down (MLP out)",
+                    native={"pre_norm": ("mlp", "out", None), "sandwich": ("post_feedforward_layernorm", "out", None),
+                            "post_norm": ("post_feedforward_layernorm", "out", None)}),
+    ComponentRecord("gate_input", "blocks.{layer}.mlp.gate.hook_in", "d_model", frozenset({"gated"}),
+                    label="gate input only", native=_everywhere(("mlp.gate_proj", "in", None))),
+    ComponentRecord("mlp_pre", "blocks.{layer}.mlp.hook_pre", "d_mlp", frozenset({"plain"}),
+                    label="MLP pre-activation", shape="[batch, pos, d_mlp]"),
+    ComponentRecord("z", "blocks.{layer}.attn.hook_z", "heads_d_head", label="heads (z)",
+                    shape="[batch, pos, head, d_head]", per_head=("head", "d_head"), native=_everywhere(_Z_TAP)),
+    ComponentRecord("result", "blocks.{layer}.attn.hook_z", "heads_d_model", patchable=False,
+                    label="per-head result", shape="[batch, pos, head, d_model]", per_head=("head", "d_model"),
+                    transform="per_head_out", native=_everywhere(_Z_TAP)),
+)
+
+# Derived views, kept under their old names.
 Component = Literal[
     "resid_pre", "resid_mid", "resid_post", "h", "attn_out", "pattern", "head",
-    "gate_pre", "gate", "up", "down", "gate_input", "mlp_pre",
-]
+    "gate_pre", "gate", "up", "down", "gate_input", "mlp_pre", "z", "result",
+]  # the registry's names, for type checkers (a test checks that the two agree)
+HOOK_POINTS: dict[str, str] = {name: r.hook for name, r in COMPONENT_RECORDS.items()}
+GATED_ONLY = frozenset(n for n, r in COMPONENT_RECORDS.items() if "gated" in r.needs)
+PLAIN_ONLY = frozenset(n for n, r in COMPONENT_RECORDS.items() if "plain" in r.needs)
+SERIAL_ONLY = frozenset(n for n, r in COMPONENT_RECORDS.items() if "serial" in r.needs)
+COMPONENTS: tuple[str, ...] = tuple(COMPONENT_RECORDS)
+PER_HEAD = frozenset(n for n, r in COMPONENT_RECORDS.items() if r.per_head)
 
-# component -> hook point template. ``gate`` is read at gate_pre and transformed.
-HOOK_POINTS: dict[str, str] = {
-    "resid_pre": "blocks.{layer}.hook_resid_pre",
-    "resid_mid": "blocks.{layer}.hook_resid_mid",
-    "resid_post": "blocks.{layer}.hook_resid_post",
-    "h": "blocks.{layer}.mlp.hook_in",
-    "attn_out": "blocks.{layer}.hook_attn_out",
-    "pattern": "blocks.{layer}.attn.hook_pattern",
-    "head": "blocks.{layer}.attn.hook_z",
-    "gate_pre": "blocks.{layer}.mlp.hook_pre",
-    "gate": "blocks.{layer}.mlp.hook_pre",
-    "up": "blocks.{layer}.mlp.hook_pre_linear",
-    "down": "blocks.{layer}.hook_mlp_out",
-    "gate_input": "blocks.{layer}.mlp.gate.hook_in",
-    "mlp_pre": "blocks.{layer}.mlp.hook_pre",  # [batch, pos, d_mlp]
-}
-GATED_ONLY = frozenset({"gate_pre", "gate", "up", "gate_input"})
-PLAIN_ONLY = frozenset({"mlp_pre"})
-SERIAL_ONLY = frozenset({"resid_mid"})
-COMPONENTS: tuple[str, ...] = tuple(HOOK_POINTS)
+
+def record(component: str) -> ComponentRecord:
+    """The registry record of ``component``; a :class:`~interp.errors.ComponentError` naming the valid ones."""
+    if component not in COMPONENT_RECORDS:
+        raise ComponentError(f"Unknown component {component!r}. Valid components: {', '.join(COMPONENTS)}.")
+    return COMPONENT_RECORDS[component]
+
+
+def _dims(model: Any) -> dict[str, int]:
+    cfg, info = model.cfg, _info(model)
+    n_heads = int(cfg.n_heads)
+    d_head = int(getattr(info, "d_head", 0) or getattr(cfg, "d_head", 0) or cfg.d_model // n_heads)
+    return {"d_model": int(cfg.d_model), "d_mlp": int(cfg.d_mlp), "n_heads": n_heads, "d_head": d_head}
+
+
+def layouts(model: Any) -> frozenset[str]:
+    """The layouts ``model`` has: ``gated`` or ``plain``, and ``serial`` unless its block is parallel."""
+    info = _info(model)
+    have = {"gated" if is_gated(model) else "plain"}
+    if info is None or not info.parallel_residual:
+        have.add("serial")
+    return frozenset(have)
 
 
 def n_layers(model: Any) -> int:
@@ -109,32 +233,68 @@ def is_gated(model: Any) -> bool:
 
 def components(model: Any) -> list[str]:
     """The components ``model`` has, in :data:`COMPONENTS` order."""
-    info = _info(model)
-    drop = set(PLAIN_ONLY if is_gated(model) else GATED_ONLY)
-    if info is not None and info.parallel_residual:
-        drop |= SERIAL_ONLY
-    return [c for c in COMPONENTS if c not in drop]
+    have = layouts(model)
+    return [name for name, r in COMPONENT_RECORDS.items() if r.needs <= have]
+
+
+_LAYOUT_NEEDS = {"gated": "a gated MLP, but it has a plain MLP",
+                 "plain": "a plain (non-gated) MLP, but it has a gated MLP",
+                 "serial": "a serial block, but its attention and MLP both read resid_pre (parallel residual)"}
 
 
 def hook_point(model: Any, component: str, layer: int) -> str:
     """The hook-point name for ``component`` at ``layer``, checked to exist on ``model``."""
-    if component not in HOOK_POINTS:
-        raise ComponentError(f"Unknown component {component!r}. Valid components: {', '.join(COMPONENTS)}.")
+    rec = record(component)
     have = components(model)
-    if component not in have:
-        why = ("a gated MLP, but it has a plain MLP" if component in GATED_ONLY else
-               "a plain (non-gated) MLP, but it has a gated MLP" if component in PLAIN_ONLY else
-               "a serial block, but its attention and MLP both read resid_pre (parallel residual)")
+    missing = sorted(rec.needs - layouts(model))
+    if missing:
         raise ComponentError(
-            f"Component {component!r} needs {why}: {_architecture(model)} (family {family(model)}) has "
-            f"{', '.join(have)}."
+            f"Component {component!r} needs {_LAYOUT_NEEDS[missing[0]]}: {_architecture(model)} (family "
+            f"{family(model)}) has {', '.join(have)}."
         )
     (layer,) = check_layers(model, [layer])
-    name = HOOK_POINTS[component].format(layer=layer)
+    name = rec.hook.format(layer=layer)
     if name not in model.hook_dict:
         raise ComponentError(f"{_architecture(model)} (family {family(model)}) has no hook point {name} for "
                              f"component {component!r}; it has {', '.join(have)}.")
     return name
+
+
+def capture_bytes(model: Any, component: str, n_examples: int, seq_len: int, n_layers: int,
+                  itemsize: int = 4) -> int:
+    """Bytes of a ``full`` capture of ``component`` over ``n_layers`` layers (``itemsize`` bytes a value)."""
+    return n_examples * seq_len * record(component).per_position(model, seq_len) * n_layers * itemsize
+
+
+def reader(model: Any, component: str, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> value``: turns what ``component``'s hook point (or native tap) carries into the component.
+
+    Per-head components arrive flat on the native tap (o_proj's input, ``[batch, pos, head * d_head]``)
+    and are split into heads; ``gate`` gets the MLP activation; ``result`` is each head's ``z``
+    through its own slice of ``W_O`` (``[batch, pos, head, d_model]``, the o_proj bias left out).
+    """
+    rec = record(component)
+    n_heads = _dims(model)["n_heads"]
+    act = activation_fn(model, layer) if rec.transform == "activation" else None
+    w_o = per_head_w_o(model, layer) if rec.transform == "per_head_out" else None
+
+    def read(x: torch.Tensor) -> torch.Tensor:
+        if rec.per_head and x.ndim == 3:
+            x = x.reshape(*x.shape[:2], n_heads, -1)
+        if act is not None:
+            return act(x)
+        if w_o is not None:
+            return torch.einsum("bphd,hmd->bphm", x, w_o.to(x.dtype))
+        return x
+
+    return read
+
+
+def per_head_w_o(model: Any, layer: int) -> torch.Tensor:
+    """``W_O`` of block ``layer`` split by head: ``[head, d_model, d_head]`` (head ``h``'s ``z`` times
+    ``W_O[h].T`` is what it writes, before the bias)."""
+    weight = linear_weights(model, layer)["o"].read().detach()  # [d_model, head * d_head]
+    return weight.reshape(weight.shape[0], _dims(model)["n_heads"], -1).permute(1, 0, 2)
 
 
 def mlp_module(model: Any, layer: int) -> Any:
@@ -342,29 +502,18 @@ def native_model(model: Any) -> torch.nn.Module:
 
 
 # Where each component can be read on the bridge-free Hugging Face tree (native_model), for
-# the block layouts whose module layout is known: (submodule path in the decoder layer, "in"
-# for its first input or "out" for its output, tuple index of that output or None). Gemma's
-# post-attention / post-feed-forward norms mean what enters the residual is their output;
-# OLMo-2 has only those (the MLP reads resid_mid unnormalised).
-_PRE_NORM_TAPS: dict[str, tuple[str, str, int | None]] = {
-    "resid_pre": ("", "in", None), "resid_post": ("", "out", 0),
-    "resid_mid": ("post_attention_layernorm", "in", None), "h": ("post_attention_layernorm", "out", None),
-    "attn_out": ("self_attn", "out", 0), "pattern": ("self_attn", "out", 1),
-    "head": ("self_attn.o_proj", "in", None),
-    "gate_pre": ("mlp.gate_proj", "out", None), "gate": ("mlp.gate_proj", "out", None),
-    "up": ("mlp.up_proj", "out", None), "down": ("mlp", "out", None),
-    "gate_input": ("mlp.gate_proj", "in", None),
-}
-_SANDWICH_TAPS = {
-    **_PRE_NORM_TAPS,
-    "resid_mid": ("pre_feedforward_layernorm", "in", None), "h": ("pre_feedforward_layernorm", "out", None),
-    "attn_out": ("post_attention_layernorm", "out", None), "down": ("post_feedforward_layernorm", "out", None),
-}
-_POST_NORM_TAPS = {
-    **_PRE_NORM_TAPS,
-    "resid_mid": ("mlp", "in", None), "h": ("mlp", "in", None),
-    "attn_out": ("post_attention_layernorm", "out", None), "down": ("post_feedforward_layernorm", "out", None),
-}
+# the block layouts whose module layout is known, derived from the records' ``native`` field:
+# (submodule path in the decoder layer, "in" for its first input or "out" for its output,
+# tuple index of that output or None). Gemma's post-attention / post-feed-forward norms mean
+# what enters the residual is their output; OLMo-2 has only those (the MLP reads resid_mid
+# unnormalised).
+def _taps(layout: str) -> dict[str, Tap]:
+    return {name: r.native[layout] for name, r in COMPONENT_RECORDS.items() if layout in r.native}
+
+
+_PRE_NORM_TAPS = _taps("pre_norm")
+_SANDWICH_TAPS = _taps("sandwich")
+_POST_NORM_TAPS = _taps("post_norm")
 
 
 def _native_taps(model: Any) -> dict[str, tuple[str, str, int | None]] | None:

@@ -87,7 +87,7 @@ def attribution(
     chosen = resolve_layers(target, layers)
     points = [(c, layer) for c in components for layer in chosen]
     for c, layer in points:
-        if c == "head":
+        if hk.record(c).per_head:
             raise ComponentError("attribution() covers whole components; patch heads exactly with patch_heads().")
         hk.hook_point(target, c, layer)
     metric_ = _metric(metric)

@@ -51,7 +51,7 @@ from interp.localize.patching.metrics import Metric, PerRow, _metric
 from interp.localize.patching.patches import Patch
 from interp.localize.patching.results import PatchResult
 from interp.runtime import hooks as hk
-from interp.runtime.batching import batches, check_examples, device_of, show_progress
+from interp.runtime.batching import batches, check_examples, check_finite_weights, device_of, show_progress
 from interp.runtime.capture import capture
 from interp.runtime.decoder import DecoderRunner
 from interp.runtime.readout import Readout
@@ -258,6 +258,9 @@ def _check_pair(target: Any, source: Any, examples: Examples, source_examples: E
                         f"{tuple(source_examples.tokens.shape)} and {tuple(examples.tokens.shape)}.")
     check_examples(target, examples)
     check_examples(source, source_examples)
+    check_finite_weights(target, "target model")
+    if source is not target:
+        check_finite_weights(source, "source model")
     if unpadded is not None:
         refuse_padding(examples, unpadded)
         refuse_padding(source_examples, unpadded)
@@ -548,11 +551,14 @@ def patch_naive(
                                                       source_tokens, index, lengths=source_lengths)
             target_values[start:end] = _metric_values(metric_, "from_logits", model_logits(target, tokens), tokens,
                                                       index, lengths=lengths)
+            # the reference's own row-by-row hooks for every case (no engine code: an indexing bug
+            # in the engine's assignment cannot hide behind the same bug here); unpadded rows of
+            # one width are rows whose real length is the width
+            row_lengths = [tokens.shape[1]] * (end - start) if lengths is None else lengths.tolist()
+            source_row_lengths = ([source_tokens.shape[1]] * (end - start) if source_lengths is None
+                                  else source_lengths.tolist())
             for j, job in enumerate(patches):
-                if lengths is None or source_lengths is None:
-                    hooks = _patch_hooks(target, [job], cache, end - start)
-                else:
-                    hooks = _naive_row_hooks(target, job, cache, lengths.tolist(), source_lengths.tolist())
+                hooks = _naive_row_hooks(target, job, cache, row_lengths, source_row_lengths)
                 with target.hooks(fwd_hooks=hooks):
                     values[j, start:end] = _metric_values(metric_, "from_logits", model_logits(target, tokens),
                                                           tokens, index, lengths=lengths)

@@ -17,20 +17,19 @@ from typing import Any, Literal, Union
 from interp import validate
 from interp.errors import ComponentError
 from interp.runtime import hooks as hk
-from interp.runtime.hooks import COMPONENTS
+from interp.runtime.hooks import COMPONENT_RECORDS, PER_HEAD
 
 PatchComponent = Literal[
-    "resid_pre", "resid_mid", "resid_post", "attn_out", "head", "gate", "up", "down", "gate_input", "mlp_pre",
-]
-# Every hook component can be patched except these: h (the normed MLP input is patched as
-# gate_input, which reaches the gate alone), the attention pattern (a distribution, not an
-# activation that flows on) and gate_pre (the gate is patched after its activation function).
-NOT_PATCHABLE = ("h", "pattern", "gate_pre")
-PATCHABLE: tuple[str, ...] = tuple(c for c in COMPONENTS if c not in NOT_PATCHABLE)
+    "resid_pre", "resid_mid", "resid_post", "attn_out", "head", "gate", "up", "down", "gate_input", "mlp_pre", "z",
+]  # the patchable records' names, for type checkers (a test checks that the two agree)
+# Derived from the component records (interp.runtime.hooks.COMPONENT_RECORDS): every component
+# is patchable except h (the normed MLP input is patched as gate_input, which reaches the gate
+# alone), the attention pattern (a distribution, not an activation that flows on), gate_pre (the
+# gate is patched after its activation function) and result (patch its heads' z instead).
+NOT_PATCHABLE: tuple[str, ...] = tuple(n for n, r in COMPONENT_RECORDS.items() if not r.patchable)
+PATCHABLE: tuple[str, ...] = tuple(n for n, r in COMPONENT_RECORDS.items() if r.patchable)
 PAPER_COMPONENTS: tuple[str, ...] = ("attn_out", "gate", "up", "down", "gate_input")
-PAPER_NAMES = {"attn_out": "attention", "gate": "gate", "up": "up", "down": "down (MLP out)",
-               "gate_input": "gate input only", "head": "heads", "resid_pre": "resid_pre",
-               "resid_mid": "resid_mid", "resid_post": "resid_post", "mlp_pre": "MLP pre-activation"}
+PAPER_NAMES = {name: COMPONENT_RECORDS[name].label for name in PATCHABLE}
 LayerSelection = Union[str, int, Sequence[int], None]
 
 
@@ -42,7 +41,7 @@ class Patch:
         component: a semantic name from :data:`PATCHABLE`.
         layers: layers patched together, in one run.
         positions: token positions to patch (default: all).
-        heads: for ``head``, the heads to patch (default: all).
+        heads: for a per-head component (``head``, ``z``), the heads to patch (default: all).
     """
 
     component: str
@@ -57,8 +56,9 @@ class Patch:
             raise ComponentError("A patch needs at least one layer.")
         if not all(validate.is_integer(layer) for layer in self.layers):
             raise ComponentError(f"Patch layers must be integer layer indices, got {self.layers!r}.")
-        if self.heads is not None and self.component != "head":
-            raise ComponentError(f"heads= applies to the 'head' component only, not {self.component!r}.")
+        if self.heads is not None and self.component not in PER_HEAD:
+            raise ComponentError(f"heads= applies to the per-head components ({', '.join(sorted(PER_HEAD))}) only, "
+                                 f"not {self.component!r}.")
 
     @property
     def start(self) -> int:
@@ -101,13 +101,13 @@ def single_layer_patches(components: Sequence[str], layers: Sequence[int], posit
                          heads: Sequence[int] | None = None) -> list[Patch]:
     """One patch per (component, layer): a per-layer sweep."""
     pos = tuple(positions) if positions is not None else None
-    return [Patch(c, (int(layer),), pos, tuple(heads) if heads is not None and c == "head" else None)
+    return [Patch(c, (int(layer),), pos, tuple(heads) if heads is not None and c in PER_HEAD else None)
             for c in components for layer in layers]
 
 
 def joint_patches(components: Sequence[str], layers: Sequence[int], heads: Sequence[int] | None = None) -> list[Patch]:
     """One patch per component, covering all ``layers`` at once (e.g. the upper half)."""
-    return [Patch(c, tuple(int(x) for x in layers), None, tuple(heads) if heads is not None and c == "head" else None)
+    return [Patch(c, tuple(int(x) for x in layers), None, tuple(heads) if heads is not None and c in PER_HEAD else None)
             for c in components]
 
 
