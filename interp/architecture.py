@@ -51,6 +51,30 @@ def decoder_layers_path(hf_model: Any) -> str:
     )
 
 
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "gpt2", "gpt_neox")
+_EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def check_supported(config: Any, name: str) -> None:
+    """Refuse encoder-decoder and mixture-of-experts configs (an HF config or config.json's dict) by name.
+
+    Both would otherwise load part-way: an encoder-decoder is no causal LM, and a MoE block's
+    ``mlp`` is a router over experts, which interp would read as one plain MLP.
+    """
+    get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
+    model_type = str(get("model_type", "") or "")
+    families = ", ".join(SUPPORTED)
+    if get("is_encoder_decoder", False):
+        raise ModelLoadError(f"{name} is an encoder-decoder model ({model_type or 'unknown type'}), which interp does "
+                             f"not support: it analyses decoder-only causal LMs ({families}; see docs/models.md).")
+    experts = {key: get(key) for key in _EXPERT_COUNTS if isinstance(get(key), int) and get(key) > 1}
+    if experts:
+        counts = ", ".join(f"{key}={value}" for key, value in experts.items())
+        raise ModelLoadError(f"{name} is a mixture-of-experts model ({model_type or 'unknown type'}: {counts}), which "
+                             f"interp does not support: it needs one dense MLP per block ({families}; see "
+                             "docs/models.md).")
+
+
 def follow(obj: Any, dotted: str) -> Any:
     """The attribute at a dotted path, e.g. ``follow(model, "model.layers")``."""
     for part in dotted.split("."):
@@ -131,6 +155,7 @@ def _layout(hf_model: Any) -> dict[str, Any]:
     from transformers.pytorch_utils import Conv1D
 
     plain = plain_module_tree(hf_model)
+    check_supported(hf_model.config, type(hf_model).__name__)
     layers_path = decoder_layers_path(plain)
     block = follow(plain, layers_path)[0]
     attention = next((getattr(block, n) for n in _ATTENTION if hasattr(block, n)), None)

@@ -194,8 +194,8 @@ def wiki_documents() -> tuple[Document, ...]:
 
 
 def _read_text_file(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
+    try:  # utf-8-sig: a byte-order mark (Excel, Notepad) is not part of the first document or column name
+        return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise DataError(
             f"{path} is not valid UTF-8 (byte {exc.start}). Re-encode it as UTF-8, e.g. "
@@ -211,7 +211,23 @@ def _text_value(value: Any, where: str) -> str:
     if not isinstance(value, str):
         shown = "null" if value is None else f"{type(value).__name__} {value!r}"[:80]
         raise DataError(f"{where}: 'text' must be a string, got {shown}. Give every document its text as a string.")
-    return value
+    return check_encodable(value, where)
+
+
+def check_encodable(text: str, where: str) -> str:
+    """``text`` unchanged, or a :class:`DataError` when it holds a lone surrogate (no UTF-8 form, so no tokens).
+
+    JSON's ``"\\ud800"`` escapes and strings built from raw bytes with ``surrogateescape`` carry
+    them; tokenizers then fail deep inside with a TypeError.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(f"{where}: the text holds a lone surrogate {text[exc.start]!r} at character {exc.start}, "
+                        "which is not a Unicode character and cannot be tokenized. Fix the source (a broken "
+                        "\\ud800-style escape, or bytes decoded with surrogateescape), e.g. "
+                        "text.encode('utf-8', 'replace').decode().") from None
+    return text
 
 
 def _documents_from_txt(path: Path) -> list[Document]:
@@ -235,7 +251,8 @@ def _documents_from_jsonl(path: Path) -> list[Document]:
                 '{"id": "doc1", "text": "..."}.'
             )
         text = _text_value(obj["text"], f"{path}:{lineno}")
-        docs.append(Document(id=str(obj.get("id", f"{path.stem}:{lineno}")), text=text))
+        doc_id = check_encodable(str(obj.get("id", f"{path.stem}:{lineno}")), f"{path}:{lineno} (id)")
+        docs.append(Document(id=doc_id, text=text))
     return docs
 
 
@@ -245,7 +262,7 @@ def _documents_from_csv(path: Path) -> list[Document]:
 
     _read_text_file(path)  # UTF-8 and readable, with interp's own messages
     try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
     except pd.errors.EmptyDataError:
         raise DataError(f"{path} is empty: a CSV source needs a header row with a 'text' column.") from None
     except (pd.errors.ParserError, ValueError) as exc:
@@ -451,6 +468,7 @@ def examples_from_texts(texts: Sequence[str], tokenizer: Any, max_len: int | Non
         if not isinstance(text, str) or not text.strip():
             raise DataError(f"Text {i} is {'empty' if isinstance(text, str) else type(text).__name__}: every prompt "
                             "must be a non-empty string.")
+        check_encodable(text, f"Text {i}")
     if padding not in ("right", "left"):
         raise DataError(f"padding must be 'right' or 'left'; got {padding!r}.")
     if max_len is not None:

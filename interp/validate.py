@@ -99,3 +99,39 @@ def layer_indices(layers: Any, n_layers: int) -> list[int]:
         raise ComponentError(f"The layer selection is empty; pass at least one layer in 0..{n_layers - 1}, "
                              "or None for all layers.")
     return out
+
+
+def names(value: Any, what: str, valid: Iterable[str] | None = None, error: type[InterpError] = ComponentError
+          ) -> list[str]:
+    """A non-empty list of names (components, reducers, stages, ...); one string counts as one name.
+
+    Args:
+        value: a string or an iterable of strings.
+        what: the argument's name, for the message (``"reducers"``).
+        valid: when given, every name must be one of these (the message lists them).
+        error: the :class:`~interp.errors.InterpError` subclass to raise.
+
+    Example:
+        >>> names("norm", "reducers")
+        ['norm']
+        >>> names([], "reducers", valid=["norm", "mean"])
+        Traceback (most recent call last):
+        ...
+        interp.errors.ComponentError: reducers is empty: give at least one, e.g. ['norm']. Valid reducers: norm, mean.
+    """
+    choices = list(valid) if valid is not None else None
+    listed = f" Valid {what}: {', '.join(choices)}." if choices else ""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Iterable) or isinstance(value, (bytes, dict)):
+        raise error(f"{what} must be a list of names, got {type(value).__name__}.{listed}")
+    out = list(value)
+    if not out:
+        example = f" e.g. [{choices[0]!r}]." if choices else "."
+        raise error(f"{what} is empty: give at least one,{example}{listed}")
+    for name in out:
+        if not isinstance(name, str):
+            raise error(f"{what} must hold names (strings), got {name!r} ({type(name).__name__}).{listed}")
+        if choices is not None and name not in choices:
+            raise error(f"Unknown {what[:-1] if what.endswith('s') else what} {name!r}.{listed}")
+    return out

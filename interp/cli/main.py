@@ -166,9 +166,11 @@ def write_crash_log(exc: BaseException) -> Path | None:
 
     text = (f"interp {__version__}\nargv: {sys.argv}\npython: {sys.version}\n\n"
             + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
-    cache = os.environ.get("INTERP_CACHE") or Path.home() / ".cache" / "interp"
+    home = os.environ.get("HOME")  # not Path.home(): without HOME it may raise, here of all places
+    cache = os.environ.get("INTERP_CACHE") or (Path(home) / ".cache" / "interp" if home else None)
     stamp = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    for folder in (Path(cache) / "logs", Path(tempfile.gettempdir()) / "interp-logs"):
+    folders = [Path(cache) / "logs"] if cache else []
+    for folder in (*folders, Path(tempfile.gettempdir()) / "interp-logs"):
         try:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / stamp).write_text(text)

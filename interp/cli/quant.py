@@ -140,7 +140,16 @@ def _score_args(p: argparse.ArgumentParser) -> None:
                                     "(e.g. 'rtn:bits=3,group=64,gptq:bits=3')"))
     p.add_argument("--kl", action="store_true", help="also store KL(p_ref || p_quant) (about 2x slower)")
     p.add_argument("--out", default="reports/quant", help="output folder (store, CSVs, quantized cache)")
-    add_checks(p, check_out, set_threads)
+    add_checks(p, check_out, _check_store, set_threads)
+
+
+def _check_store(args: argparse.Namespace) -> None:
+    """An existing ``--out/scores.sqlite`` is a score store (not a folder, another database or other bytes)."""
+    # imported on use: torch and the analyses take seconds to load; --help must not wait
+    from interp.quant.store import ScoreStore
+
+    if (Path(args.out) / "scores.sqlite").exists():
+        ScoreStore(args.out).close()  # raises InterpError naming the file when it is not a store
 
 
 @command("score", "per-example quantization error NLL(quant) - NLL(ref) for several specs (resumable)",

@@ -233,6 +233,9 @@ def early_exit_curves(
         >>> curves.split_layer("D_large") in (0, 1)
         True
     """
+    if not models or not sets:
+        raise InterpError(f"early_exit_curves needs at least one model and one example set; got {len(models)} "
+                          f"model(s) and {len(sets)} set(s), e.g. {{'reference': ref}} and {{'D_large': examples}}.")
     results = {f"{m} / {s}": early_exit(model, ex, at=at, batch_size=batch_size, layers=layers, progress=progress)
                for m, model in models.items() for s, ex in sets.items()}
     return EarlyExitCurves(results=results, models=list(models), sets=list(sets))

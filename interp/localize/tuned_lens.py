@@ -37,11 +37,12 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from interp.data import Examples, aligned_rows, counted_positions
 from interp.errors import InterpError
+from interp.io import read_safetensors
 from interp.localize.lens import EarlyExitResult
 from interp.models import model_hash
 from interp.runtime import hooks as hk
@@ -82,9 +83,9 @@ class TunedLens:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TunedLens:
+        tensors = read_safetensors(path, "tuned lens")  # a truncated cache gets interp's error, not safetensors'
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata()
-        tensors = load_file(str(path))
         return cls(tensors["weight"], tensors["bias"], json.loads(meta["layers"]), json.loads(meta["settings"]))
 
 

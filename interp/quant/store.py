@@ -145,7 +145,7 @@ class ScoreStore:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         path = Path(path)
         if path.suffix in (".sqlite", ".db"):
-            path.parent.mkdir(parents=True, exist_ok=True)
+            ensure_writable_dir(path.parent)  # a ResourceError, not an OSError, when the folder is a file
             self.path = path
         else:
             self.path = ensure_writable_dir(path) / STORE_FILE

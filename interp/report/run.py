@@ -36,6 +36,8 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from tqdm.auto import tqdm
 
+from interp import validate
+from interp.errors import InterpError
 from interp.figures import export_static
 from interp.io import atomic_write_bytes, ensure_writable_dir, write_json
 from interp.report.context import ReportContext, ReportSettings, Stage, StageOutput
@@ -101,6 +103,8 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
             on its own (about 5 MB).
     """
     settings = settings or ReportSettings()
+    if stages is not None:  # before any folder is made: a misspelt stage must not give an empty report
+        stages = validate.names(stages, "stages", valid=[s.name for s in STAGES], error=InterpError)
     folder = ensure_writable_dir(out)
     key = settings.key()
     context = ReportContext(settings, folder, progress)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from interp.data import Examples, tokenizer_fingerprint
-from interp.errors import DataError, InterpError, ResourceError
+from interp.errors import DataError, InterpError, NonFiniteError, ResourceError
 
 
 class StopForward(Exception):
@@ -21,7 +21,9 @@ class StopForward(Exception):
 
 
 def check_context(model: Any, tokens: torch.Tensor) -> None:
-    """Token rows fit the model: at most its context long, and every id inside its vocabulary."""
+    """Token rows fit the model: at least one, at most its context long, and every id inside its vocabulary."""
+    if tokens.ndim == 2 and tokens.shape[0] == 0:  # else an empty result, or a reshape error deep in a forward
+        raise DataError("There are no examples (0 rows): pass at least one row of tokens.")
     n_ctx = getattr(getattr(model, "info", None), "n_ctx", None) or int(model.cfg.n_ctx)
     if tokens.shape[-1] > n_ctx:
         raise InterpError(
@@ -61,6 +63,9 @@ def check_examples(model: Any, examples: Examples) -> None:
 
     Call it at every entry point that runs a model on examples (nll, probe, patching, score).
     """
+    if not isinstance(examples, Examples):
+        raise DataError(f"Expected interp Examples (interp.load_examples, interp.examples_from_texts or "
+                        f"Examples.from_tokens), got {type(examples).__name__}.")
     check_context(model, examples.tokens)
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None or not (examples.tokenizer or examples.vocab_size):
@@ -73,6 +78,29 @@ def check_examples(model: Any, examples: Examples) -> None:
         raise DataError(f"These examples were tokenized by another tokenizer (fingerprint {examples.tokenizer}, "
                         f"model's {tokenizer_fingerprint(tokenizer)}): their ids mean other tokens to this model. "
                         "Load them with interp.load_examples(source, model.tokenizer, ...).")
+
+
+def non_finite_weights(model: Any) -> list[str]:
+    """Names of the model's parameters that hold NaN or inf (the bridge's wrapper names left out)."""
+    module = getattr(model, "original_model", model)
+    named = module.named_parameters() if isinstance(module, torch.nn.Module) else ()
+    # an offloaded weight (device_map) is a meta placeholder here: reading it would load the whole model
+    return [name.replace("._original_component", "") for name, weight in named
+            if not weight.is_meta and not bool(torch.isfinite(weight).all())]
+
+
+def listed(names: list[str], most: int = 3) -> str:
+    """``a, b, c and 4 more``."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def check_finite_weights(model: Any, what: str) -> None:
+    """Refuse a model with NaN/inf weights before a run whose output may not show them: a hooked forward
+    does not always carry a NaN to its output (a NaN in one query weight gave finite patching values)."""
+    bad = non_finite_weights(model)
+    if bad:
+        raise NonFiniteError(f"The {what} has NaN/inf in its weights ({listed(bad)}), so any number computed "
+                             "from it is meaningless. Reload or repair the model.")
 
 
 def available_memory_bytes() -> int:

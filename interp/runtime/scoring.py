@@ -19,7 +19,7 @@ from interp import validate
 from interp.data import Examples, left_aligned
 from interp.errors import ComponentError, NonFiniteError
 from interp.runtime import hooks as hk
-from interp.runtime.batching import batches, check_examples, device_of, show_progress
+from interp.runtime.batching import batches, check_examples, device_of, listed, non_finite_weights, show_progress
 from interp.runtime.readout import Readout
 
 
@@ -145,8 +145,17 @@ def nll(model: Any, examples: Examples, batch_size: int = 8, progress: bool | No
     bar.close()
     if not torch.isfinite(out).all():
         bad = [examples.ids[i] for i in torch.nonzero(~torch.isfinite(out)).flatten().tolist()[:3]]
-        raise NonFiniteError(f"The model produced NaN/inf NLL for examples {bad}: check its weights.")
+        raise NonFiniteError(f"The model produced NaN/inf NLL for examples {bad}{_non_finite_weights(model)}")
     return out.float()
+
+
+def _non_finite_weights(model: Any) -> str:
+    """The end of the NaN/inf message: which weights hold NaN/inf (the usual cause), or what else to check."""
+    bad = non_finite_weights(model)
+    if bad:
+        return f": these weights hold NaN/inf: {listed(bad)}. Reload or repair the model."
+    return (": every weight is finite, so an activation overflowed; use float32 rather than float16, or check "
+            "the hooks registered on the model.")
 
 
 def token_nll_fn(model: Any) -> Any:
