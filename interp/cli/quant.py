@@ -33,6 +33,7 @@ from interp.cli.common import (
     unknown_name,
 )
 from interp.errors import InterpError, SpecError
+from interp.quant.export import EXPORT_FORMATS, check_exportable
 from interp.quant.spec import METHODS, parse_spec, report_specs, split_specs
 
 DEFAULT_SPECS = ";".join(s for s in report_specs(quick=True) if parse_spec(s).bits == 3)  # from the registry
@@ -105,7 +106,16 @@ def _quantize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", required=True, type=spec_type,
                    help=_specs_help("method spec, e.g. gptq:bits=3,group=64"))
     p.add_argument("--out", required=True, help="output folder for the quantized weights")
-    add_checks(p, check_out, set_threads)
+    p.add_argument("--format", default="interp", choices=EXPORT_FORMATS,
+                   help="interp: block weights + quant.json, for interp to reload; compressed-tensors: a "
+                        "checkpoint plain transformers loads (rtn, or gptq with act_order=1)")
+    add_checks(p, check_out, set_threads, _check_format)
+
+
+def _check_format(args: argparse.Namespace) -> None:
+    """A compressed-tensors export needs a spec with a recoverable integer grid: refused before the model loads."""
+    if args.format == "compressed-tensors":
+        check_exportable(parse_spec(args.method))
 
 
 @command("quantize", "quantize every block linear layer of a model and save the weights", _quantize_args)
@@ -122,10 +132,17 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     calibration = _calibration(args, model, [spec])
     qmodel = quantize(model, spec, calibration=calibration, progress=not args.quiet and None,
                       batch_size=args.batch_size)
-    save_quantized(qmodel, out)
     info = qmodel.quant_info
+    if args.format == "compressed-tensors":
+        from interp.quant.export import export_compressed_tensors
+
+        export_compressed_tensors(qmodel, model, out)
+        saved = "config.json with a compressed-tensors quantization_config, model.safetensors, tokenizer"
+    else:
+        save_quantized(qmodel, out)
+        saved = "quantized.safetensors, quant.json"
     print(f"{info.spec}: {len(info.layer_seconds)} layers, {info.seconds_per_layer:.2f} s/layer. "
-          f"Saved to {out}/ (quantized.safetensors, quant.json)")
+          f"Saved to {out}/ ({saved})")
     return 0
 
 
