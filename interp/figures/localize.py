@@ -28,6 +28,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from interp.figures.style import PALETTE, heatmap, styled
+from interp.localize.dla import LogitAttribution
 from interp.localize.lens import EarlyExitCurves, EarlyExitResult
 from interp.localize.patching import PAPER_NAMES, AttributionResult, GateInputComparison, PatchResult, span
 from interp.localize.restoration import RestorationResult
@@ -179,3 +180,19 @@ DRAWERS: dict[type, Callable[..., go.Figure]] = {
     AttributionResult: attribution,
     GateInputComparison: gate_input,
 }
+
+
+# ---------------------------------------------------------------------------------------
+# Circuits
+
+
+def logit_attribution(result: LogitAttribution, title: str | None = None) -> go.Figure:
+    """Direct logit attribution: layer x head heatmap of each head's mean contribution (diverging at 0)."""
+    grid = result.head_means().numpy()
+    what = "logit difference" if result.settings.get("versus") is not None else "logit"
+    return heatmap(grid, list(range(grid.shape[1])), list(range(grid.shape[0])),
+                   title or f"Direct logit attribution per head (frozen final norm), mean over {len(result.ids)} "
+                   "prompts", "head", "layer", colorbar=what, colorscale="RdBu", zmid=0.0)
+
+
+DRAWERS[LogitAttribution] = logit_attribution
