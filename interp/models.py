@@ -45,6 +45,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 import torch  # noqa: E402
 
 from interp.architecture import _family, _layout, check_supported
+from interp.checkpoints import load_quantized_folder
+from interp.checkpoints import quantization_config as quantized_checkpoint
 from interp.data import bos_token_id
 from interp.errors import ModelLoadError, ResourceError  # noqa: E402
 from interp.io import ensure_writable_dir  # noqa: E402
@@ -446,6 +448,9 @@ def load_model(
             folder = converted_folder(path)
             source_hash = json.loads((folder / MANIFEST).read_text())["sha256"]
         elif path.is_dir():
+            if quantized_checkpoint(path) is not None:  # compressed-tensors, GPTQ, AWQ: see interp.checkpoints
+                dtype_, device_ = torch_dtype or torch.float32, device or "cpu"
+                return load_quantized_folder(path, dtype_, device_, tokenizer, name or key)
             if not _looks_like_hf_folder(path):
                 raise ModelLoadError(
                     f"{path} is not a Hugging Face model folder: it needs config.json and "

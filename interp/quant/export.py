@@ -51,7 +51,6 @@ Example:
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -59,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from interp.checkpoints import pack_int32, unpack_int32
 from interp.errors import ComponentError, InterpError, SpecError
 from interp.quant.spec import MethodSpec, parse_spec
 
@@ -163,54 +163,6 @@ def recover_grid(reference: Tensor, quantized: Tensor, spec: str | MethodSpec) -
         raise SpecError(f"the quantized weight is not on the {spec} grid of its reference (off by up to {worst:.3g}): "
                         "export the model that spec made from this reference")
     return grid
-
-
-def pack_int32(values: Tensor, bits: int) -> Int[Tensor, "rows words"]:
-    """Pack unsigned ``bits``-bit integers ``[rows, n]`` densely into int32 words along the last dimension.
-
-    Element ``i`` of a row occupies bits ``i*bits .. i*bits+bits-1`` of the row's bit stream,
-    word ``j`` holding stream bits ``32j .. 32j+31`` (least significant first); a row is padded
-    with zeros to a multiple of 32 elements, then cut to ``ceil(n * bits / 32)`` words. This is
-    compressed-tensors' dense layout (for 4 and 8 bits: 8 and 4 whole values per word).
-
-    Example:
-        >>> import torch
-        >>> pack_int32(torch.tensor([[1, 2, 3, 4, 5, 6, 7, 15]]), 4).tolist() == [[0xF7654321 - 2**32]]
-        True
-    """
-    import torch
-
-    rows, n = values.shape
-    stream = values.to(torch.int64)
-    padded = math.ceil(n / 32) * 32
-    stream = torch.nn.functional.pad(stream, (0, padded - n))
-    n_words = math.ceil(n * bits / 32)
-    words = torch.zeros(rows, padded * bits // 32, dtype=torch.int64)
-    for bit in range(bits):
-        position = torch.arange(padded, dtype=torch.int64) * bits + bit  # where this bit of each element goes
-        word, shift = position // 32, position % 32
-        words.index_add_(1, word, ((stream >> bit) & 1) << shift)
-    words = torch.where(words >= 2**31, words - 2**32, words)  # the same 32 bits, as a signed int32
-    return words[:, :n_words].to(torch.int32).contiguous()
-
-
-def unpack_int32(words: Tensor, bits: int, n: int) -> Int[Tensor, "rows n"]:
-    """The inverse of :func:`pack_int32`: ``n`` unsigned ``bits``-bit integers per row.
-
-    Example:
-        >>> import torch
-        >>> unpack_int32(pack_int32(torch.tensor([[5, 0, 7, 3]]), 3), 3, 4).tolist()
-        [[5, 0, 7, 3]]
-    """
-    import torch
-
-    unsigned = words.to(torch.int64) & 0xFFFFFFFF
-    position = torch.arange(n, dtype=torch.int64) * bits
-    values = torch.zeros(words.shape[0], n, dtype=torch.int64)
-    for bit in range(bits):
-        at = position + bit
-        values |= ((unsigned[:, at // 32] >> (at % 32)) & 1) << bit
-    return values.to(torch.int32)
 
 
 def _module_names(qmodel: Any) -> dict[int, str]:
