@@ -67,7 +67,8 @@ def check_supported(config: Any, name: str) -> None:
     if get("is_encoder_decoder", False):
         raise ModelLoadError(f"{name} is an encoder-decoder model ({model_type or 'unknown type'}), which interp does "
                              f"not support: it analyses decoder-only causal LMs ({families}; see docs/models.md).")
-    experts = {key: get(key) for key in _EXPERT_COUNTS if isinstance(get(key), int) and get(key) > 1}
+    counted = {key: get(key) for key in _EXPERT_COUNTS}
+    experts = {key: value for key, value in counted.items() if isinstance(value, int) and value > 1}
     if experts:
         counts = ", ".join(f"{key}={value}" for key, value in experts.items())
         raise ModelLoadError(f"{name} is a mixture-of-experts model ({model_type or 'unknown type'}: {counts}), which "

@@ -45,7 +45,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise ResourceError(f"Could not write {path} ({exc.strerror}).") from None
 
 
-def read_safetensors(path: str | Path, what: str) -> dict[str, Any]:
+def read_safetensors(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
     """The tensors of a safetensors file written by interp, or a :class:`DataError` naming ``what`` and the fix.
 
     A zero-byte, truncated or foreign file is refused from its header (safetensors checks the
