@@ -37,6 +37,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from interp import validate
 from interp.data import Examples
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, InterpError
@@ -243,7 +244,10 @@ def restoration_sweep(
     """
     n = hk.n_layers(quantized)
     order = hk.check_layers(quantized, order if order is not None else range(n - 1, -1, -1))
-    ks = sorted({int(k) for k in (ks if ks is not None else range(n + 1))})
+    ks = sorted({validate.integer(k, "ks") for k in (ks if ks is not None else range(n + 1))})
+    if not ks:
+        raise InterpError(f"ks is empty: give the numbers of blocks to restore, e.g. [0, 1, {len(order)}], or None "
+                          f"for every k in 0..{len(order)}.")
     if ks[0] < 0 or ks[-1] > len(order):
         raise InterpError(f"ks must lie in 0..{len(order)}; got {ks}.")
     restored = [sorted(order[:k]) for k in ks]
