@@ -98,6 +98,10 @@ def test_full_capture_size_matches_the_record(family, family_models, rows):
         captured = res[component, "full"]
         assert captured.shape[:3] == (2, n, seq_len if component != "pattern" else captured.shape[2])
         assert not torch.isnan(captured).any(), component
+        per_head = hk.record(component).per_head
+        if per_head:  # [layer, N, pos, head, ...]: the head axis where heads= patches select
+            heads = model.cfg.n_heads if per_head[0] == "head" else model.info.n_kv_heads or model.cfg.n_heads
+            assert captured.shape[3] == heads, component
         # the estimate assumes 4-byte values; these captures are float64, hence the factor 2
         assert _full_bytes(model, component, n, seq_len, 2) * 2 == captured.numel() * captured.element_size(), component
     cfg = model.cfg

@@ -21,6 +21,7 @@ gate_input    input to the gate projection (equals ``h``)          [batch, pos, 
 mlp_pre       plain MLPs: W_in h + b, before the activation        [batch, pos, d_mlp]
 z             per-head attention output before ``W_O`` (= head)    [batch, pos, head, d_head]
 result        per-head output ``z_h W_O[h]`` (o_proj bias left out) [batch, pos, head, d_model]
+q, k, v       per-head query / key / value projections' outputs    [batch, pos, (kv_)head, d_head]
 ============  ==================================================  =========================
 
 Each component is one :class:`ComponentRecord` in :data:`COMPONENT_RECORDS` (hook point,
@@ -58,7 +59,7 @@ from interp.validate import layer_indices
 # reads its record, so adding a component is adding one record to COMPONENT_RECORDS.
 
 Layout = Literal["gated", "plain", "serial"]
-Width = Literal["d_model", "d_mlp", "heads_d_head", "heads_d_model", "heads_keys"]
+Width = Literal["d_model", "d_mlp", "heads_d_head", "kv_heads_d_head", "heads_d_model", "heads_keys"]
 NativeLayout = Literal["pre_norm", "sandwich", "post_norm"]
 Tap = tuple[str, str, int | None]  # (submodule path in the decoder layer, "in" | "out", output index)
 Transform = Literal["", "activation", "per_head_out"]
@@ -72,7 +73,8 @@ class ComponentRecord:
         name: the semantic name (``"resid_pre"``, ``"gate"``, ``"z"``, ...).
         hook: the transformer-lens bridge hook-point template (``{layer}`` filled in).
         width: the per-position size of one capture: ``d_model``, ``d_mlp``,
-            ``heads_d_head`` (``n_heads * d_head``), ``heads_d_model`` (``n_heads * d_model``)
+            ``heads_d_head`` (``n_heads * d_head``), ``kv_heads_d_head`` (key/value heads, fewer
+            under grouped-query attention), ``heads_d_model`` (``n_heads * d_model``)
             or ``heads_keys`` (``n_heads * seq_len``, the attention pattern).
         needs: the layouts the model must have: ``gated`` (a gated MLP), ``plain`` (a plain
             MLP) and ``serial`` (attention then MLP, not a parallel block).
@@ -108,6 +110,7 @@ class ComponentRecord:
         """Values per token position in one layer's capture of ``model``."""
         dims = _dims(model)
         return {"d_model": dims["d_model"], "d_mlp": dims["d_mlp"], "heads_d_head": dims["n_heads"] * dims["d_head"],
+                "kv_heads_d_head": dims["n_kv_heads"] * dims["d_head"],
                 "heads_d_model": dims["n_heads"] * dims["d_model"], "heads_keys": dims["n_heads"] * seq_len}[self.width]
 
 
@@ -159,12 +162,20 @@ COMPONENT_RECORDS: dict[str, ComponentRecord] = _records(
     ComponentRecord("result", "blocks.{layer}.attn.hook_z", "heads_d_model", patchable=False,
                     label="per-head result", shape="[batch, pos, head, d_model]", per_head=("head", "d_model"),
                     transform="per_head_out", native=_everywhere(_Z_TAP)),
+    # each head's query / key / value (the projections' outputs, before any q/k norm and rotary
+    # embedding): the receivers of path patching. Keys and values have n_kv_heads heads.
+    ComponentRecord("q", "blocks.{layer}.attn.q.hook_out", "heads_d_head", label="queries",
+                    shape="[batch, pos, head, d_head]", per_head=("head", "d_head")),
+    ComponentRecord("k", "blocks.{layer}.attn.k.hook_out", "kv_heads_d_head", label="keys",
+                    shape="[batch, pos, kv_head, d_head]", per_head=("kv_head", "d_head")),
+    ComponentRecord("v", "blocks.{layer}.attn.v.hook_out", "kv_heads_d_head", label="values",
+                    shape="[batch, pos, kv_head, d_head]", per_head=("kv_head", "d_head")),
 )
 
 # Derived views, kept under their old names.
 Component = Literal[
     "resid_pre", "resid_mid", "resid_post", "h", "attn_out", "pattern", "head",
-    "gate_pre", "gate", "up", "down", "gate_input", "mlp_pre", "z", "result",
+    "gate_pre", "gate", "up", "down", "gate_input", "mlp_pre", "z", "result", "q", "k", "v",
 ]  # the registry's names, for type checkers (a test checks that the two agree)
 HOOK_POINTS: dict[str, str] = {name: r.hook for name, r in COMPONENT_RECORDS.items()}
 GATED_ONLY = frozenset(n for n, r in COMPONENT_RECORDS.items() if "gated" in r.needs)
@@ -185,7 +196,9 @@ def _dims(model: Any) -> dict[str, int]:
     cfg, info = model.cfg, _info(model)
     n_heads = int(cfg.n_heads)
     d_head = int(getattr(info, "d_head", 0) or getattr(cfg, "d_head", 0) or cfg.d_model // n_heads)
-    return {"d_model": int(cfg.d_model), "d_mlp": int(cfg.d_mlp), "n_heads": n_heads, "d_head": d_head}
+    n_kv = int(getattr(info, "n_kv_heads", 0) or getattr(cfg, "n_key_value_heads", 0) or n_heads)
+    return {"d_model": int(cfg.d_model), "d_mlp": int(cfg.d_mlp), "n_heads": n_heads, "d_head": d_head,
+            "n_kv_heads": n_kv}
 
 
 def layouts(model: Any) -> frozenset[str]:
@@ -274,7 +287,7 @@ def reader(model: Any, component: str, layer: int) -> Callable[[torch.Tensor], t
     through its own slice of ``W_O`` (``[batch, pos, head, d_model]``, the o_proj bias left out).
     """
     rec = record(component)
-    n_heads = _dims(model)["n_heads"]
+    n_heads = _dims(model)["n_kv_heads" if rec.per_head[:1] == ("kv_head",) else "n_heads"]
     act = activation_fn(model, layer) if rec.transform == "activation" else None
     w_o = per_head_w_o(model, layer) if rec.transform == "per_head_out" else None
 

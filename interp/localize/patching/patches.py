@@ -21,6 +21,7 @@ from interp.runtime.hooks import COMPONENT_RECORDS, PER_HEAD
 
 PatchComponent = Literal[
     "resid_pre", "resid_mid", "resid_post", "attn_out", "head", "gate", "up", "down", "gate_input", "mlp_pre", "z",
+    "q", "k", "v",
 ]  # the patchable records' names, for type checkers (a test checks that the two agree)
 # Derived from the component records (interp.runtime.hooks.COMPONENT_RECORDS): every component
 # is patchable except h (the normed MLP input is patched as gate_input, which reaches the gate
