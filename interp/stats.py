@@ -68,6 +68,21 @@ def bootstrap_indices(n: int, n_boot: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
 
 
+def block_bootstrap_means(values: Any, block: int, n_boot: int, seed: int = 0) -> np.ndarray:
+    """``[n_boot]`` means of a moving-block bootstrap of a series (neighbours are not independent).
+
+    Each resample concatenates ``ceil(n / block)`` blocks of ``block`` consecutive values, with
+    start positions drawn uniformly from ``0 .. n - block``, cut to ``n`` values. ``block=1`` is
+    the ordinary bootstrap.
+    """
+    x = _as_array(values)
+    n = x.size
+    block = max(1, min(int(block), n))
+    starts = np.random.default_rng(seed).integers(0, n - block + 1, size=(n_boot, -(-n // block)))
+    index = (starts[:, :, None] + np.arange(block)).reshape(n_boot, -1)[:, :n]
+    return x[index].mean(axis=1)
+
+
 def _rowwise_pearson(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Pearson r of each row pair of ``a`` and ``b`` (``[B, n]``); NaN for a constant row."""
     a = a - a.mean(axis=1, keepdims=True)
@@ -169,7 +184,23 @@ def off_diagonal_mean(matrix: np.ndarray) -> float | np.ndarray:
     """Mean of the strictly upper triangle of ``[..., k, k]`` (each unordered pair once)."""
     k = matrix.shape[-1]
     rows, cols = np.triu_indices(k, 1)
-    return np.nanmean(matrix[..., rows, cols], axis=-1) if rows.size else math.nan
+    if not rows.size:
+        return math.nan
+    return nan_mean(matrix[..., rows, cols], axis=-1)
+
+
+def nan_mean(values: np.ndarray, axis: int = -1) -> float | np.ndarray:
+    """Mean of the finite entries along ``axis``; NaN where there are none.
+
+    Unlike ``np.nanmean`` it warns about nothing: a slice with no finite value (every
+    correlation of a resample undefined) is an expected case, not a runtime warning.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(values)
+    count = finite.sum(axis=axis)
+    total = np.where(finite, values, 0.0).sum(axis=axis)
+    mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    return float(mean) if np.ndim(mean) == 0 else mean
 
 
 # ---------------------------------------------------------------------------------------

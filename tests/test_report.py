@@ -55,8 +55,10 @@ def test_report_outputs(quick_report):
     assert results["reference"].startswith("GGUF Q4_1 dequantized to fp32")
     assert "Reference model: GGUF Q4_1 dequantized to fp32" in page
     shown = {row["verdict"] for row in results["reproduction"]}
-    css = {"holds": "verdict-holds", "partly": "verdict-partly", "does not hold": "verdict-fails",
-           "not testable here": "verdict-untestable", "by construction": "verdict-construction"}
+    css = {"as strong as the paper": "verdict-strong", "consistent with the paper": "verdict-consistent",
+           "weaker than the paper": "verdict-weaker", "not shown": "verdict-notshown",
+           "contradicted": "verdict-contradicted", "not testable here": "verdict-untestable",
+           "by construction": "verdict-construction"}
     assert all(f"class='verdict {css[v]}'" in page for v in shown)  # every verdict cell is coloured
 
 
@@ -230,7 +232,8 @@ def _fake_report(hostile: str):
     output = StageOutput(tables={"tokens": table}, figures={"titled": titled, "untitled_key": untitled},
                          numbers={"x": 1.0}, notes=[hostile], seconds=1.5)
     stage = Stage(name="fake", title=f"Fake stage {hostile}", intro=hostile, run=lambda ctx: output)
-    verdicts = ["holds", "partly", "does not hold", "not testable here", "by construction"]
+    verdicts = ["as strong as the paper", "weaker than the paper", "contradicted", "not testable here",
+                "by construction"]
     reproduction = pd.DataFrame({"paper": ["P"] * 5, "claim": [f"claim {i} {hostile}" for i in range(5)],
                                  "paper value": ["1"] * 5, "measured here": ["2 [1, 3]"] * 5, "verdict": verdicts,
                                  "why": [hostile] * 5, "statistic": ["s"] * 5, "criterion": [hostile] * 5})

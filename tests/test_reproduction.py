@@ -32,122 +32,140 @@ SEEDS_OK = {"seeds": count(3), "baseline_sink": Estimate(0.6), "baseline_norm_en
 NO_SINK = {"seeds": count(3), "baseline_sink": Estimate(0.05), "baseline_norm_entropy": Estimate(0.8)}
 COLLAPSED = {"seeds": count(3), "baseline_sink": Estimate(0.05), "baseline_norm_entropy": Estimate(0.2)}
 
+S, C, W, NS, X = rp.AS_STRONG, rp.CONSISTENT, rp.WEAKER, rp.NOT_SHOWN, rp.CONTRADICTED
+SD = {"loss_diff_sd": Estimate(0.06)}
+
 # claim -> [(measurement, expected verdict)]: every outcome each rule can give
 CASES: dict[str, list[tuple[rp.Measurement, str]]] = {
     "saobp_inference": [(M(text="x"), rp.BY_CONSTRUCTION)],
     "saobp_training_entropy": [
-        (M({**SEEDS_OK, "entropy_diff": E(0.3, 0.1, 0.5)}), rp.HOLDS),
-        (M({**COLLAPSED, "entropy_diff": E(0.3, 0.1, 0.5)}), rp.HOLDS),
-        (M({**SEEDS_OK, "entropy_diff": E(0.1, -0.1, 0.3)}), rp.FAILS),
-        (M({**SEEDS_OK, "entropy_diff": E(-0.3, -0.5, -0.1)}), rp.FAILS),
+        (M({**SEEDS_OK, "entropy_diff": E(0.3, 0.1, 0.5)}), S),
+        (M({**COLLAPSED, "entropy_diff": E(0.3, 0.1, 0.5)}), S),
+        (M({**SEEDS_OK, "entropy_diff": E(0.1, -0.1, 0.3)}), NS),
+        (M({**SEEDS_OK, "entropy_diff": E(-0.3, -0.5, -0.1)}), X),
         (M({**NO_SINK, "entropy_diff": E(0.3, 0.1, 0.5)}), rp.NOT_TESTABLE),
-        (M({**SEEDS_OK, "seeds": count(2), "entropy_diff": E(0.3, 0.1, 0.5)}), rp.NOT_TESTABLE),
+        (M({"seeds": count(2), "entropy_diff": E(0.3, 0.1, 0.5)}), rp.NOT_TESTABLE),
     ],
     "saobp_training_loss": [
-        (M({**NO_SINK, "loss_diff": E(-0.05, -0.08, -0.02)}), rp.HOLDS),
-        (M({**NO_SINK, "loss_diff": E(-0.01, -0.03, 0.01)}), rp.FAILS),
-        (M({**NO_SINK, "loss_diff": E(0.05, 0.02, 0.08)}), rp.FAILS),
-        (M({"seeds": count(1), "loss_diff": E(-0.05, -0.08, -0.02)}), rp.NOT_TESTABLE),
+        (M({**NO_SINK, **SD, "loss_diff": E(-0.05, -0.08, -0.02)}), S),
+        (M({**NO_SINK, **SD, "loss_diff": E(-0.01, -0.03, 0.01)}), NS),
+        (M({**NO_SINK, **SD, "loss_diff": E(0.05, 0.02, 0.08)}), X),
     ],
+    "saobp_training_gtd": [(M({**NO_SINK, "gtd_diff": E(0.05, 0.01, 0.09)}), rp.NOT_TESTABLE)],
     "agreement": [
-        (M({"pearson": E(0.8, 0.7, 0.9)}), rp.HOLDS),
-        (M({"pearson": E(0.6, 0.5, 0.7)}), rp.HOLDS),  # reaches the weakest model's 0.66
-        (M({"pearson": E(0.44, 0.35, 0.52)}), rp.PARTLY),
-        (M({"pearson": E(0.1, -0.05, 0.2)}), rp.FAILS),
-        (M({"pearson": E(-0.3, -0.4, -0.2)}), rp.FAILS),
-        (M({"pearson": Estimate(0.5)}), rp.NOT_TESTABLE),  # no interval
-        (M(untestable="too few specs"), rp.NOT_TESTABLE),
+        (M({"pearson": E(0.8, 0.7, 0.9)}), S),
+        (M({"pearson": E(0.6, 0.5, 0.7)}), C),  # contains the weakest model's 0.66
+        (M({"pearson": E(0.44, 0.35, 0.52)}), W),
+        (M({"pearson": E(0.1, -0.05, 0.2)}), NS),
+        (M({"pearson": E(-0.3, -0.4, -0.2)}), X),
     ],
     "agreement_disattenuated": [
-        (M({"pearson": E(0.9, 0.8, 1.0)}), rp.HOLDS),
-        (M({"pearson": E(0.5, 0.4, 0.6)}), rp.PARTLY),
-        (M({"pearson": E(0.0, -0.1, 0.1)}), rp.FAILS),
+        (M({"pearson": E(0.8, 0.7, 0.9), "ceiling": E(0.5, 0.3, 0.6)}), S),
+        (M({"pearson": E(0.6, 0.5, 0.7), "ceiling": E(0.5, 0.3, 0.6)}), C),
+        (M({"pearson": E(0.5, 0.4, 0.6), "ceiling": E(0.5, 0.3, 0.6)}), W),
+        (M({"pearson": E(0.0, -0.1, 0.1), "ceiling": E(0.5, 0.3, 0.6)}), NS),
+        (M({"pearson": E(-0.3, -0.4, -0.2), "ceiling": E(0.5, 0.3, 0.6)}), X),
+        (M({"pearson": E(0.9, 0.8, 1.2), "ceiling": E(0.5, 0.3, 0.6)}), rp.NOT_TESTABLE),  # above 1
+        (M({"pearson": E(0.8, 0.7, 0.9), "ceiling": E(0.3, -0.05, 0.5)}), rp.NOT_TESTABLE),  # denominator spans 0
     ],
     "jaccard_top10": [
-        (M({"jaccard": E(0.5, 0.4, 0.6), "chance": Estimate(0.05)}), rp.HOLDS),
-        (M({"jaccard": E(0.25, 0.15, 0.35), "chance": Estimate(0.05)}), rp.PARTLY),
-        (M({"jaccard": E(0.06, 0.03, 0.1), "chance": Estimate(0.05)}), rp.FAILS),
-        (M({"jaccard": E(0.5, 0.4, 0.6)}), rp.NOT_TESTABLE),  # no chance value
+        (M({"jaccard": E(0.6, 0.52, 0.7), "chance": Estimate(0.05)}), S),
+        (M({"jaccard": E(0.5, 0.4, 0.6), "chance": Estimate(0.05)}), C),
+        (M({"jaccard": E(0.25, 0.15, 0.35), "chance": Estimate(0.05)}), W),
+        (M({"jaccard": E(0.06, 0.03, 0.1), "chance": Estimate(0.05)}), NS),
+        (M({"jaccard": E(0.02, 0.01, 0.03), "chance": Estimate(0.05)}), X),
     ],
     "norm_error": [
-        (M({"r_3bit": E(-0.7, -0.8, -0.6)}), rp.HOLDS),
-        (M({"r_3bit": E(-0.41, -0.55, -0.27)}), rp.PARTLY),
-        (M({"r_3bit": E(-0.1, -0.2, 0.05)}), rp.FAILS),
-        (M({"r_3bit": E(0.3, 0.2, 0.4)}), rp.FAILS),
+        (M({"r_3bit": E(-0.75, -0.8, -0.7)}), S),
+        (M({"r_3bit": E(-0.6, -0.7, -0.5)}), C),
+        (M({"r_3bit": E(-0.41, -0.55, -0.27)}), W),
+        (M({"r_3bit": E(-0.1, -0.2, 0.05)}), NS),
+        (M({"r_3bit": E(0.3, 0.2, 0.4)}), X),
     ],
     "reversal_h_mse": [
-        (M({"layers_above": count(9), "layers_reaching": count(12), "upper_layers": count(15)}), rp.HOLDS),
-        (M({"layers_above": count(2), "layers_reaching": count(5), "upper_layers": count(15)}), rp.PARTLY),
-        (M({"layers_above": count(0), "layers_reaching": count(9), "upper_layers": count(15)}), rp.PARTLY),
-        (M({"layers_above": count(0), "layers_reaching": count(4), "upper_layers": count(15)}), rp.FAILS),
+        (M({"layers_above": count(9), "layers_below": count(0), "upper_layers": count(15)}), S),
+        (M({"layers_above": count(2), "layers_below": count(3), "upper_layers": count(15)}), NS),
+        (M({"layers_above": count(0), "layers_below": count(8), "upper_layers": count(15)}), X),
     ],
     "kurtosis": [
-        (M({"diff": E(-0.2, -0.3, -0.1)}), rp.HOLDS),
-        (M({"diff": E(-0.05, -0.2, 0.1)}), rp.FAILS),
-        (M({"diff": E(0.2, 0.1, 0.3)}), rp.FAILS),
+        (M({"diff": E(-0.2, -0.3, -0.1)}), S),
+        (M({"diff": E(-0.05, -0.2, 0.1)}), NS),
+        (M({"diff": E(0.2, 0.1, 0.3)}), X),
     ],
     "outlier_gamma": [
-        (M({"percentile": E(0.05, 0.02, 0.09)}), rp.HOLDS),
-        (M({"percentile": E(0.26, 0.15, 0.38)}), rp.PARTLY),
-        (M({"percentile": E(0.5, 0.35, 0.65)}), rp.FAILS),
+        (M({"percentile": E(0.05, 0.02, 0.09)}), S),
+        (M({"percentile": E(0.12, 0.08, 0.2)}), C),
+        (M({"percentile": E(0.26, 0.15, 0.38)}), W),
+        (M({"percentile": E(0.5, 0.35, 0.65)}), NS),
+        (M({"percentile": E(0.7, 0.6, 0.8)}), X),
     ],
     "early_exit_logit": [
-        (M({"share_after_split": E(0.17, 0.1, 0.25)}), rp.HOLDS),
-        (M({"share_after_split": E(0.3, 0.2, 0.4)}), rp.PARTLY),
-        (M({"share_after_split": E(0.6, 0.5, 0.7)}), rp.FAILS),
+        (M({"share_after_split": E(0.1, 0.05, 0.15)}), S),
+        (M({"share_after_split": E(0.17, 0.1, 0.25)}), C),
+        (M({"share_after_split": E(0.22, 0.2, 0.24)}), W),
+        (M({"share_after_split": E(0.3, 0.2, 0.4)}), NS),
+        (M({"share_after_split": E(0.6, 0.5, 0.7)}), X),
         (M(untestable="lens uninformative"), rp.NOT_TESTABLE),
     ],
     "early_exit_tuned": [
-        (M({"share_after_split": E(0.1, 0.05, 0.2)}), rp.HOLDS),
-        (M({"share_after_split": E(0.5, 0.3, 0.9)}), rp.FAILS),
+        (M({"share_after_split": E(0.1, 0.05, 0.15)}), S),
+        (M({"share_after_split": E(0.3, 0.2, 0.9)}), NS),
+        (M({"share_after_split": E(0.6, 0.5, 0.9)}), X),
     ],
     "restoration": [
-        (M({"recovery": E(0.2, 0.1, 0.3)}), rp.HOLDS),
-        (M({"recovery": E(0.4, 0.3, 0.55)}), rp.PARTLY),
-        (M({"recovery": E(0.7, 0.6, 0.8)}), rp.FAILS),
+        (M({"recovery": E(0.1, 0.05, 0.15)}), S),
+        (M({"recovery": E(0.2, 0.1, 0.3)}), C),
+        (M({"recovery": E(0.4, 0.3, 0.45)}), W),
+        (M({"recovery": E(0.4, 0.3, 0.55)}), NS),
+        (M({"recovery": E(0.05, -0.05, 0.15)}), NS),
+        (M({"recovery": E(0.7, 0.6, 0.8)}), X),
+        (M({"recovery": E(-0.3, -0.4, -0.2)}), X),  # restoring makes the model worse
     ],
     "patch_down": [
-        (M({"recovery": E(0.9, 0.8, 1.0), "margin": E(0.5, 0.3, 0.7)}), rp.HOLDS),
-        (M({"recovery": E(0.4, 0.3, 0.5), "margin": E(0.5, 0.3, 0.7)}), rp.PARTLY),
-        (M({"recovery": E(0.9, 0.8, 1.0), "margin": E(0.1, -0.1, 0.3)}), rp.PARTLY),
-        (M({"recovery": E(0.3, 0.1, 0.5), "margin": E(0.0, -0.2, 0.2)}), rp.FAILS),
+        (M({"recovery": E(0.96, 0.94, 0.98), "margin": E(0.5, 0.3, 0.7)}), S),
+        (M({"recovery": E(0.9, 0.8, 1.0), "margin": E(0.5, 0.3, 0.7)}), C),
+        (M({"recovery": E(0.4, 0.3, 0.5), "margin": E(0.5, 0.3, 0.7)}), W),
+        (M({"recovery": E(0.9, 0.8, 1.0), "margin": E(0.1, -0.1, 0.3)}), NS),
+        (M({"recovery": E(0.3, 0.1, 0.5), "margin": E(-0.3, -0.5, -0.2)}), X),
         (M(untestable="no gate"), rp.NOT_TESTABLE),
     ],
     "patch_gate": [
-        (M({"recovery": E(0.85, 0.7, 0.95), "margin": E(0.4, 0.2, 0.6)}), rp.HOLDS),
-        (M({"recovery": E(0.6, 0.4, 0.8), "margin": E(0.4, 0.2, 0.6)}), rp.PARTLY),
-        (M({"recovery": E(0.1, 0.0, 0.2), "margin": E(-0.4, -0.6, -0.2)}), rp.FAILS),
+        (M({"recovery": E(0.9, 0.85, 0.95), "margin": E(0.4, 0.2, 0.6)}), S),
+        (M({"recovery": E(0.85, 0.7, 0.95), "margin": E(0.4, 0.2, 0.6)}), C),
+        (M({"recovery": E(0.6, 0.4, 0.8), "margin": E(0.4, 0.2, 0.6)}), W),
+        (M({"recovery": E(0.1, -0.1, 0.2), "margin": E(0.4, 0.2, 0.6)}), NS),
+        (M({"recovery": E(0.1, 0.0, 0.2), "margin": E(-0.4, -0.6, -0.2)}), X),
     ],
     "patch_up": [
-        (M({"recovery": E(0.1, 0.0, 0.2), "margin": E(0.5, 0.3, 0.7)}), rp.HOLDS),
-        (M({"recovery": E(-11.8, -14.0, -9.0), "margin": E(12.0, 9.0, 15.0)}), rp.HOLDS),
-        (M({"recovery": E(0.5, 0.3, 0.7), "margin": E(0.3, 0.1, 0.5)}), rp.PARTLY),
-        (M({"recovery": E(0.8, 0.6, 0.9), "margin": E(-0.1, -0.3, 0.1)}), rp.FAILS),
+        (M({"recovery": E(0.1, 0.05, 0.12), "margin": E(0.5, 0.3, 0.7)}), S),
+        (M({"recovery": E(0.1, 0.05, 0.2), "margin": E(0.5, 0.3, 0.7)}), C),
+        (M({"recovery": E(0.3, 0.2, 0.4), "margin": E(0.5, 0.3, 0.7)}), W),
+        (M({"recovery": E(0.5, 0.3, 0.7), "margin": E(0.3, 0.1, 0.5)}), NS),
+        # the up patch makes the model much worse: not "recovers little"
+        (M({"recovery": E(-1.95, -2.3, -1.6), "margin": E(2.4, 2.1, 2.7)}), X),
+        (M({"recovery": E(0.8, 0.6, 0.9), "margin": E(-0.1, -0.3, 0.1)}), X),
     ],
     "patch_attn_out": [
-        (M({"recovery": E(0.3, 0.2, 0.4), "margin": E(0.3, 0.1, 0.5)}), rp.HOLDS),
-        (M({"recovery": E(0.3, 0.2, 0.4), "margin": E(0.0, -0.1, 0.1)}), rp.PARTLY),
-        (M({"recovery": E(0.6, 0.55, 0.7), "margin": E(0.0, -0.1, 0.1)}), rp.FAILS),
+        (M({"recovery": E(0.2, 0.1, 0.25), "margin": E(0.3, 0.1, 0.5)}), S),
+        (M({"recovery": E(0.3, 0.2, 0.4), "margin": E(0.3, 0.1, 0.5)}), C),
+        (M({"recovery": E(0.4, 0.35, 0.45), "margin": E(0.3, 0.1, 0.5)}), W),
+        (M({"recovery": E(0.3, 0.2, 0.4), "margin": E(0.0, -0.1, 0.1)}), NS),
+        (M({"recovery": E(0.6, 0.55, 0.7), "margin": E(0.0, -0.1, 0.1)}), X),
     ],
     "gate_input": [
-        (M({"diff": E(0.2, 0.1, 0.3)}), rp.HOLDS),
-        (M({"diff": E(0.0, -0.1, 0.1)}), rp.FAILS),
-        (M({"diff": E(-0.2, -0.3, -0.1)}), rp.FAILS),
+        (M({"diff": E(0.2, 0.1, 0.3)}), S),
+        (M({"diff": E(0.0, -0.1, 0.1)}), NS),
+        (M({"diff": E(-0.2, -0.3, -0.1)}), X),
     ],
 }
 
 # the outcomes each rule can produce (not testable comes from missing data for every rule)
+QUANTITATIVE = {S, C, W, NS, X, rp.NOT_TESTABLE}
 OUTCOMES = {
     "saobp_inference": {rp.BY_CONSTRUCTION},
-    "saobp_training_entropy": {rp.HOLDS, rp.FAILS, rp.NOT_TESTABLE},
-    "saobp_training_loss": {rp.HOLDS, rp.FAILS, rp.NOT_TESTABLE},
-    "kurtosis": {rp.HOLDS, rp.FAILS},
-    "gate_input": {rp.HOLDS, rp.FAILS},
-    "early_exit_tuned": {rp.HOLDS, rp.FAILS},
-    "agreement_disattenuated": {rp.HOLDS, rp.PARTLY, rp.FAILS},
-    "patch_gate": {rp.HOLDS, rp.PARTLY, rp.FAILS},
-    "patch_attn_out": {rp.HOLDS, rp.PARTLY, rp.FAILS},
-    "patch_up": {rp.HOLDS, rp.PARTLY, rp.FAILS},
+    "saobp_training_gtd": {rp.NOT_TESTABLE},
+    **{k: {S, NS, X, rp.NOT_TESTABLE} for k in ("saobp_training_entropy", "saobp_training_loss", "kurtosis",
+                                                "gate_input", "reversal_h_mse", "early_exit_tuned")},
 }
 
 
@@ -162,8 +180,76 @@ def test_every_claim_reaches_each_outcome(key: str) -> None:
     if key != "saobp_inference":  # a measurement with no statistics is never judged
         assert rp.judge(key, M()).verdict == rp.NOT_TESTABLE
         seen.add(rp.NOT_TESTABLE)
-    wanted = OUTCOMES.get(key, {rp.HOLDS, rp.PARTLY, rp.FAILS, rp.NOT_TESTABLE})
+    wanted = OUTCOMES.get(key, QUANTITATIVE)
     assert wanted <= seen, f"{key}: outcomes {wanted - seen} are not covered"
+
+
+def _widened(m: rp.Measurement, factors: dict[str, tuple[float, float]]) -> rp.Measurement:
+    """``m`` with each interval stretched around the same point (low and high moved outwards)."""
+    out = {}
+    for name, e in m.estimates.items():
+        lo_f, hi_f = factors.get(name, (1.0, 1.0))
+        if e.has_interval and e.low != e.high:
+            out[name] = Estimate(e.value, e.value - (e.value - e.low) * lo_f, e.value + (e.high - e.value) * hi_f, e.n)
+        else:
+            out[name] = e
+    return rp.Measurement(out, m.text, m.untestable)
+
+
+@pytest.mark.parametrize("key", list(rp.CLAIMS))
+def test_a_wider_interval_never_earns_a_stronger_verdict(key: str) -> None:
+    """The monotonicity property, for every rule: widening any interval around the same point only removes
+    conclusions (``rp.CONCLUSIONS``). Random points and intervals, each widened by random factors >= 1, one
+    side or both."""
+    rng = np.random.default_rng(abs(hash(key)) % 2**32)
+    names = sorted({n for m, _ in CASES[key] for n, e in m.estimates.items() if e.has_interval and e.low != e.high})
+    if not names or OUTCOMES.get(key, QUANTITATIVE) <= {rp.NOT_TESTABLE, rp.BY_CONSTRUCTION}:
+        return  # counts, seeds and rules with one outcome: nothing that widening could move
+    template = next(m for m, _ in CASES[key] if set(names) <= set(m.estimates))
+    checked = 0
+    for _ in range(3000):
+        estimates = dict(template.estimates)
+        for name in names:
+            base = template.estimates[name]
+            scale = max(abs(base.value), abs(base.high - base.low), 0.1) * 2
+            point = base.value + rng.normal() * scale
+            estimates[name] = Estimate(point, point - abs(rng.normal()) * scale / 2,
+                                       point + abs(rng.normal()) * scale / 2, 100)
+        narrow = rp.Measurement(estimates)
+        factors = {n: (1 + rng.exponential() * (rng.random() < 0.7), 1 + rng.exponential() * (rng.random() < 0.7))
+                   for n in names}
+        wide = _widened(narrow, factors)
+        before, after = rp.judge(key, narrow).verdict, rp.judge(key, wide).verdict
+        assert rp.CONCLUSIONS[after] <= rp.CONCLUSIONS[before], (key, narrow, wide, before, after)
+        checked += before != after
+    assert checked > 0, f"{key}: no widening changed a verdict, so the property was not exercised"
+
+
+def test_precision_cannot_pass_a_claim_that_a_wider_interval_passes() -> None:
+    """The referee's example: Gemma's agreement 'held' at [0.51, 0.67] while SmolLM2's 0.598 [0.546, 0.641]
+    was only 'partly'. Now the wide interval is 'consistent' (it asserts less), the narrow one 'weaker'."""
+    wide = rp.judge("agreement", M({"pearson": Estimate(0.60, 0.51, 0.668)}))
+    narrow = rp.judge("agreement", M({"pearson": Estimate(0.598, 0.546, 0.641)}))
+    assert (wide.verdict, narrow.verdict) == (C, W)
+    assert rp.CONCLUSIONS[C] < rp.CONCLUSIONS[W]
+
+
+def test_underpowered_loss_row_says_how_many_seeds() -> None:
+    j = rp.judge("saobp_training_loss", M({**NO_SINK, **SD, "loss_diff": E(0.028, -0.043, 0.1)}))
+    assert j.verdict == NS and "underpowered" in j.reason
+    # the paired t-test's power, checked against a simulation: at the computed n the power reaches 0.8,
+    # at n - 1 it does not (noncentral t, exact)
+    n = rp.seeds_for_power(0.06, 0.05)
+    crit = sps.t.ppf(0.975, n - 1)
+    power = 1 - sps.nct.cdf(crit, n - 1, 0.05 / (0.06 / math.sqrt(n))) + sps.nct.cdf(-crit, n - 1,
+                                                                                   0.05 / (0.06 / math.sqrt(n)))
+    rng = np.random.default_rng(0)
+    sims = rng.normal(0.05, 0.06, size=(20000, n))
+    t = sims.mean(axis=1) / (sims.std(axis=1, ddof=1) / math.sqrt(n))
+    simulated = float((np.abs(t) > crit).mean())
+    assert power >= 0.8 and abs(simulated - power) < 0.02  # 20k draws: sd of a share near 0.8 is 0.003
+    assert rp.seeds_for_power(0.06, 0.05) > rp.seeds_for_power(0.06, 0.1)
+    assert f"{n} seeds for 0.05" in j.reason
 
 
 def test_every_claim_says_its_criterion_and_missing_stage_is_not_testable() -> None:
@@ -255,8 +341,8 @@ def test_split_half_reliability_against_loops_and_known_case() -> None:
     np.testing.assert_allclose(even, naive_even, rtol=0, atol=1e-12)
     assert pr.spearman_brown(0.5) == pytest.approx(2 / 3, abs=1e-15)
     assert pr.spearman_brown(1.0) == pytest.approx(1.0, abs=1e-15)
-    ceiling = pr.noise_ceiling({"a": tokens, "b": truth + rng.normal(scale=3.0, size=(n, t))}, [("a", "b")],
-                               n_boot=200, seed=0)
+    b_tokens = truth + rng.normal(scale=3.0, size=(n, t))
+    ceiling = pr.noise_ceiling({"a": tokens, "b": b_tokens}, [("a", "b")], n_boot=200, seed=0)
     rel = ceiling.reliability.set_index("spec")
     r_half = np.corrcoef(odd, even)[0, 1]
     assert rel.loc["a", "r_half"] == pytest.approx(r_half, abs=1e-12)
@@ -264,11 +350,78 @@ def test_split_half_reliability_against_loops_and_known_case() -> None:
     # known case: true variance 1, noise variance 9 / 127 per mean, so reliability = 1 / (1 + 9/127) = 0.934;
     # the estimate's sampling sd at n = 300 is about 0.008, so 0.03 is ~4 sd
     assert rel.loc["a", "reliability"] == pytest.approx(1 / (1 + 9 / t), abs=0.03)
-    # both measure the same truth: the disattenuated correlation is 1 up to sampling error (sd ~0.01 here)
-    assert ceiling.mean_disattenuated.value == pytest.approx(1.0, abs=0.05)
+    # both measure the same truth: the disattenuated correlation is 1 up to sampling error (sd ~0.015 here)
+    assert ceiling.mean_disattenuated.value == pytest.approx(1.0, abs=0.06)
     assert ceiling.mean_observed.value < ceiling.mean_disattenuated.value
-    pairs = ceiling.pairs.iloc[0]
-    assert pairs["disattenuated"] == pytest.approx(pairs["r"] / pairs["ceiling"], abs=1e-12)
+    # the numerator compares disjoint tokens: naive loop over the two cross-half correlations
+    b_odd, b_even = pr.split_halves(b_tokens)
+    cross = (np.corrcoef(odd, b_even)[0, 1] + np.corrcoef(even, b_odd)[0, 1]) / 2
+    r_b = np.corrcoef(b_odd, b_even)[0, 1]
+    pair = ceiling.pairs.iloc[0]
+    assert pair["r_cross"] == pytest.approx(cross, abs=1e-12)
+    assert pair["disattenuated"] == pytest.approx(cross / math.sqrt(r_half * r_b), abs=1e-12)
+    assert ceiling.invalid_pairs == 0 and ceiling.min_half_reliability.low > 0
+
+
+def test_noise_ceiling_is_not_fooled_by_shared_reference_noise() -> None:
+    """Two methods whose errors share the reference's token noise but whose true errors are independent:
+    the classical correction (full errors over full-length reliabilities) reports agreement above 1, the
+    symptom the referee found; the disjoint-token correction finds none.
+
+    Per example: true error sd 0.2 (variance 0.04); shared noise sd 3 per token, so its mean over 127
+    tokens has variance 9/127 = 0.071; own noise sd 1 per token (variance 0.008 per mean). The full
+    errors then correlate at about 0.071 / (0.04 + 0.071 + 0.008) = 0.6, and the split-half reliability
+    (which cannot see the shared noise: odd and even tokens differ) is about 0.33, so the classical
+    value is about 1.8. The truth is 0."""
+    rng = np.random.default_rng(3)
+    n, t = 400, 127
+    shared = rng.normal(scale=3.0, size=(n, t))  # the reference NLL's token noise, subtracted by both
+    a = rng.normal(scale=0.2, size=(n, 1)) + shared + rng.normal(scale=1.0, size=(n, t))
+    b = rng.normal(scale=0.2, size=(n, 1)) + shared + rng.normal(scale=1.0, size=(n, t))
+    ceiling = pr.noise_ceiling({"a": a, "b": b}, [("a", "b")], n_boot=200, seed=0)
+    pair = ceiling.pairs.iloc[0]
+    rel_a, rel_b = ceiling.reliability["reliability"]
+    classical = pair["r"] / math.sqrt(rel_a * rel_b)
+    assert classical > 1.0
+    # disjoint tokens: r_cross has sd about 1/sqrt(400) = 0.05, divided by sqrt(0.2 * 0.2) = 0.2: sd ~0.25
+    assert abs(pair["disattenuated"]) < 0.75 and abs(pair["r_cross"]) < 0.15
+    assert pair["r_cross"] < pair["r"] - 0.3
+
+
+def test_noise_ceiling_reports_undefined_pairs_instead_of_dropping_them() -> None:
+    """A method equal to the reference (error 0 on every token, like RTN4 g32 on the Q4_1 reference) has no
+    reliability: its pairs are counted as invalid and the mean over pairs is undefined, not the mean of the rest."""
+    rng = np.random.default_rng(4)
+    n, t = 200, 64
+    good = rng.normal(size=(n, 1)) + rng.normal(size=(n, t))
+    other = 0.5 * good.mean(axis=1, keepdims=True) + rng.normal(size=(n, 1)) + rng.normal(size=(n, t))
+    ceiling = pr.noise_ceiling({"good": good, "zero": np.zeros((n, t)), "good2": other},
+                               [("good", "zero"), ("good", "good2")], n_boot=50, seed=0)
+    assert ceiling.invalid_pairs == 1
+    assert math.isnan(ceiling.mean_disattenuated.value)  # not the mean of the one valid pair
+    assert not ceiling.pairs.set_index("spec_b").loc["zero", "valid"]
+    assert ceiling.pairs.set_index("spec_b").loc["good2", "valid"]
+
+
+def test_self_agreement_is_pair_agreement_over_instances() -> None:
+    rng = np.random.default_rng(5)
+    truth = rng.normal(size=300)
+    inst = {f"i{k}": truth + rng.normal(scale=0.5, size=300) for k in range(3)}
+    out = pr.self_agreement(inst, n_boot=50, seed=0)
+    naive = np.mean([np.corrcoef(inst[a], inst[b])[0, 1] for a, b in (("i0", "i1"), ("i0", "i2"), ("i1", "i2"))])
+    assert out["pearson"].value == pytest.approx(naive, abs=1e-12)
+    assert pr.self_agreement({"i0": truth}) == {}
+
+
+def test_block_bootstrap_means_against_a_loop() -> None:
+    from interp import stats
+
+    x = np.arange(10.0)
+    boot = stats.block_bootstrap_means(x, 3, 5, seed=7)
+    starts = np.random.default_rng(7).integers(0, 8, size=(5, 4))
+    naive = [np.mean([x[s + j] for s in row for j in range(3)][:10]) for row in starts]
+    np.testing.assert_allclose(boot, naive, rtol=0, atol=1e-12)
+    assert np.allclose(stats.block_bootstrap_means(x, 10, 3), x.mean())  # one block: always the whole series
 
 
 def test_recovery_boot_and_margin_match_formula() -> None:
@@ -342,16 +495,18 @@ def test_rtn4_group32_reproduces_the_bundled_reference(smol) -> None:
     assert worst < 1e-6
 
 
-def test_side_by_side_says_where_each_claim_holds() -> None:
+def test_side_by_side_says_where_each_claim_holds_and_counts_training_once() -> None:
     def table(verdicts: list[str]) -> pd.DataFrame:
-        keys = ["agreement", "kurtosis", "restoration", "saobp_inference"]
+        keys = ["agreement", "kurtosis", "restoration", "saobp_inference", "saobp_training_loss"]
         return pd.DataFrame({"paper": "p", "claim": [rp.CLAIMS[k].claim for k in keys], "paper value": "v",
                              "measured here": "m", "verdict": verdicts})
 
-    both = rp.side_by_side({"A": table([rp.HOLDS, rp.HOLDS, rp.FAILS, rp.BY_CONSTRUCTION]),
-                            "B": table([rp.HOLDS, rp.FAILS, rp.NOT_TESTABLE, rp.BY_CONSTRUCTION])})
-    assert both["across models"].tolist() == ["holds on both", "holds on A; does not hold on B",
-                                              "does not hold on A; not testable on B", rp.BY_CONSTRUCTION]
-    text = rp.markdown_table(both[["claim", "across models"]])
-    assert text.count("\n") == len(both) + 2 and text.startswith("| claim | across models |")
+    both = rp.side_by_side({"A": table([S, S, X, rp.BY_CONSTRUCTION, NS]),
+                            "B": table([S, NS, rp.NOT_TESTABLE, rp.BY_CONSTRUCTION, NS])})
+    assert both["across columns"].tolist() == [
+        f"{S} on both", f"{S} on A; {NS} on B", f"{X} on A; {rp.NOT_TESTABLE} on B", f"{rp.BY_CONSTRUCTION} on both",
+        f"{NS} (once, model-independent)"]
+    assert both["B: verdict"].iloc[-1].startswith("counted once")
+    text = rp.markdown_table(both[["claim", "across columns"]])
+    assert text.count("\n") == len(both) + 2 and text.startswith("| claim | across columns |")
     assert rp.markdown_table(pd.DataFrame({"a": ["x|y"]})).splitlines()[2] == "| x\\|y |"

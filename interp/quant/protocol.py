@@ -10,13 +10,14 @@ bootstrap interval over examples:
 - :func:`pair_agreement`: mean Pearson and mean top-10% Jaccard over a set of pairs.
 - :func:`mean_method_correlation`: Pearson(norm, error of method m) per method, averaged
   over a group of methods (the paper averages over its 3-bit methods).
-- :func:`split_halves`, :func:`spearman_brown` and :func:`noise_ceiling`: the noise ceiling.
-  A per-example error is a mean over T-1 target tokens, so it carries measurement noise.
-  Splitting the targets into odd and even positions gives two half-length measurements of
-  the same example; their correlation across examples, stepped up to full length with the
-  Spearman-Brown formula ``rel = 2 r / (1 + r)``, is the reliability of the error. Two
-  methods' errors cannot correlate above ``sqrt(rel_a rel_b)``, and ``r_ab / sqrt(rel_a
-  rel_b)`` is their agreement with the noise removed (Spearman's disattenuation).
+- :func:`split_halves` and :func:`noise_ceiling`: the token-noise ceiling. A per-example
+  error is a mean over T-1 target tokens, so it carries measurement noise. Splitting the
+  targets into odd and even positions gives two half-length measurements of the same
+  example; their correlation across examples is the half-length reliability. Two methods'
+  errors share the reference's token noise, so the agreement is corrected on *disjoint*
+  tokens only: ``r(a_odd, b_even)`` over ``sqrt(r(a_odd, a_even) r(b_odd, b_even))``.
+- :func:`self_agreement`: the assumption-free ceiling, how well one calibrated method
+  agrees with itself across instances (other calibration samples, other kernels).
 - :func:`recovery_boot`: recovery ``(L_q - L_p) / (L_q - L_ref)`` on the NLL scale (the
   primary number) and on perplexity, with paired bootstrap samples so that differences
   between components get intervals too.
@@ -179,33 +180,49 @@ def spearman_brown(r_half: float | np.ndarray) -> float | np.ndarray:
     return 2 * r_half / (1 + r_half)
 
 
-def _rel(odd: np.ndarray, even: np.ndarray) -> float:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        r = float(np.corrcoef(odd, even)[0, 1])
-    return float(spearman_brown(r))
+def _corr(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson r without warnings: NaN for a constant vector."""
+    x, y = x - x.mean(), y - y.mean()
+    denominator = math.sqrt(float((x * x).sum() * (y * y).sum()))
+    return float((x * y).sum() / denominator) if denominator > 0 else math.nan
 
 
 @dataclass(frozen=True)
 class NoiseCeiling:
-    """Split-half reliability per spec and disattenuated correlation per pair.
+    """Half-length reliability per spec and the disjoint-token disattenuated correlation per pair.
+
+    Both errors of a pair are differences from the *same* reference NLL on the *same* tokens, so
+    their token noise is shared, and the classical correction (full errors over the product of
+    reliabilities) over-corrects: it gave values above 1. Here every correlation compares disjoint
+    target tokens. ``r_cross`` is the mean of ``r(a_odd, b_even)`` and ``r(a_even, b_odd)``, the
+    denominator ``sqrt(r(a_odd, a_even) r(b_odd, b_even))`` uses the same half lengths, so the
+    ratio estimates the correlation of the two methods' noise-free errors under the classical
+    model (independent noise on disjoint tokens). Adjacent tokens share context, so odd and even
+    halves are not wholly independent; the correction is then conservative on the ceiling side.
 
     Attributes:
-        reliability: one row per spec: ``r_half``, ``reliability`` (Spearman-Brown) and its
-            bootstrap interval, ``n``.
-        pairs: one row per pair: ``r`` (observed Pearson of the full errors), ``ceiling``
-            ``sqrt(rel_a rel_b)``, ``disattenuated`` ``r / ceiling``.
-        mean_disattenuated: the mean of ``disattenuated`` over the pairs, with its interval.
+        reliability: one row per spec: ``r_half`` (odd against even), ``reliability`` (its
+            Spearman-Brown full-length value, for display), their bootstrap interval, ``n``.
+        pairs: one row per pair: ``r`` (observed, full errors), ``r_cross`` (disjoint tokens),
+            ``ceiling`` and ``disattenuated`` (NaN, and ``valid`` False, where a half-reliability is <= 0).
+        mean_disattenuated, mean_observed: means over *all* pairs with intervals; NaN when any pair
+            has no valid ceiling (no pair is dropped).
+        min_half_reliability: the smallest ``r_half`` over the specs, with its interval (a
+            denominator whose interval includes 0 makes the correction invalid).
+        invalid_pairs: how many pairs have no valid ceiling on all examples.
     """
 
     reliability: pd.DataFrame
     pairs: pd.DataFrame
     mean_disattenuated: Estimate
     mean_observed: Estimate
+    min_half_reliability: Estimate
+    invalid_pairs: int
 
 
 def noise_ceiling(token_errors: Mapping[str, np.ndarray], pairs: Sequence[tuple[str, str]], n_boot: int = 1000,
                   seed: int = 0) -> NoiseCeiling:
-    """Reliability of each spec's per-example error and the pairs' disattenuated agreement.
+    """Reliability of each spec's per-example error and the pairs' disjoint-token disattenuated agreement.
 
     Args:
         token_errors: spec -> ``[N, T-1]`` per-token error ``nll_quant - nll_ref`` (same example rows).
@@ -215,47 +232,70 @@ def noise_ceiling(token_errors: Mapping[str, np.ndarray], pairs: Sequence[tuple[
     halves = {s: split_halves(token_errors[s]) for s in specs}
     full = {s: np.asarray(token_errors[s], dtype=np.float64).mean(axis=1) for s in specs}
     n = len(next(iter(full.values())))
-    boot = stats.bootstrap_indices(n, n_boot, seed)
 
-    def rels(rows: np.ndarray) -> dict[str, float]:
-        return {s: _rel(halves[s][0][rows], halves[s][1][rows]) for s in specs}
-
-    def pair_values(rows: np.ndarray, rel: Mapping[str, float]) -> tuple[list[float], list[float]]:
-        observed, corrected = [], []
+    def evaluate(rows: np.ndarray) -> tuple[dict[str, float], list[float], list[float], list[float]]:
+        r_half = {s: _corr(halves[s][0][rows], halves[s][1][rows]) for s in specs}
+        observed, cross, corrected = [], [], []
         for a, b in pairs:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                r = float(np.corrcoef(full[a][rows], full[b][rows])[0, 1])
-                ceiling = math.sqrt(rel[a] * rel[b]) if rel[a] > 0 and rel[b] > 0 else math.nan
-            observed.append(r)
-            corrected.append(r / ceiling if ceiling else math.nan)
-        return observed, corrected
+            (a_odd, a_even), (b_odd, b_even) = halves[a], halves[b]
+            r_cross = (_corr(a_odd[rows], b_even[rows]) + _corr(a_even[rows], b_odd[rows])) / 2
+            ok = r_half[a] > 0 and r_half[b] > 0
+            observed.append(_corr(full[a][rows], full[b][rows]))
+            cross.append(r_cross)
+            corrected.append(r_cross / math.sqrt(r_half[a] * r_half[b]) if ok else math.nan)
+        return r_half, observed, cross, corrected
 
-    all_rows = np.arange(n)
-    rel_point = rels(all_rows)
-    obs_point, cor_point = pair_values(all_rows, rel_point)
-    rel_boot = {s: [] for s in specs}  # type: dict[str, list[float]]
-    mean_cor_boot, mean_obs_boot = [], []
-    for rows in boot:
-        rel = rels(rows)
+    def mean_all(values: list[float]) -> float:  # every pair counts: one undefined pair makes the mean undefined
+        return float(np.mean(values)) if values and all(math.isfinite(v) for v in values) else math.nan
+
+    everything = np.arange(n)
+    r_point, obs_point, cross_point, cor_point = evaluate(everything)
+    r_boot: dict[str, list[float]] = {s: [] for s in specs}
+    mean_cor_boot, mean_obs_boot, min_rel_boot = [], [], []
+    for rows in stats.bootstrap_indices(n, n_boot, seed):
+        r_half, obs, _, cor = evaluate(rows)
         for s in specs:
-            rel_boot[s].append(rel[s])
-        obs, cor = pair_values(rows, rel)
-        mean_obs_boot.append(np.nanmean(obs) if pairs else math.nan)
-        mean_cor_boot.append(np.nanmean(cor) if pairs and np.isfinite(cor).any() else math.nan)
+            r_boot[s].append(r_half[s])
+        mean_obs_boot.append(mean_all(obs))
+        mean_cor_boot.append(mean_all(cor))
+        min_rel_boot.append(min(r_half.values()))
     reliability = pd.DataFrame([{
-        "spec": s, "r_half": float(np.corrcoef(*halves[s])[0, 1]), "reliability": rel_point[s],
-        "low": interval(np.array(rel_boot[s]))[0], "high": interval(np.array(rel_boot[s]))[1], "n": n,
+        "spec": s, "r_half": r_point[s], "r_half_low": interval(np.array(r_boot[s]))[0],
+        "r_half_high": interval(np.array(r_boot[s]))[1], "reliability": float(spearman_brown(r_point[s])),
+        "low": float(spearman_brown(interval(np.array(r_boot[s]))[0])),
+        "high": float(spearman_brown(interval(np.array(r_boot[s]))[1])), "n": n,
     } for s in specs])
     pair_rows = []
-    for (a, b), r, c in zip(pairs, obs_point, cor_point, strict=True):
-        ceiling = math.sqrt(rel_point[a] * rel_point[b]) if rel_point[a] > 0 and rel_point[b] > 0 else math.nan
-        pair_rows.append({"spec_a": a, "spec_b": b, "r": r, "ceiling": ceiling, "disattenuated": c})
-    mean_cor = float(np.nanmean(cor_point)) if pairs and np.isfinite(cor_point).any() else math.nan
+    for (a, b), r, rc, c in zip(pairs, obs_point, cross_point, cor_point, strict=True):
+        ok = r_point[a] > 0 and r_point[b] > 0
+        pair_rows.append({"spec_a": a, "spec_b": b, "r": r, "r_cross": rc,
+                          "ceiling": math.sqrt(r_point[a] * r_point[b]) if ok else math.nan,
+                          "disattenuated": c, "valid": bool(ok and math.isfinite(c) and c <= 1)})
+    # an undefined resample is kept as NaN: the interval is then computed over the defined ones, and the
+    # share of undefined resamples is what min_half_reliability's interval shows
     return NoiseCeiling(
-        reliability=reliability, pairs=pd.DataFrame(pair_rows),
-        mean_disattenuated=estimate(mean_cor, np.array(mean_cor_boot), n),
-        mean_observed=estimate(float(np.nanmean(obs_point)) if pairs else math.nan, np.array(mean_obs_boot), n),
+        reliability=reliability, pairs=pd.DataFrame(pair_rows, columns=["spec_a", "spec_b", "r", "r_cross", "ceiling",
+                                                                         "disattenuated", "valid"]),
+        mean_disattenuated=estimate(mean_all(cor_point), np.array(mean_cor_boot), n),
+        mean_observed=estimate(mean_all(obs_point), np.array(mean_obs_boot), n),
+        min_half_reliability=estimate(min(r_point.values()) if specs else math.nan, np.array(min_rel_boot), n),
+        invalid_pairs=sum(1 for a, b in pairs if not (r_point[a] > 0 and r_point[b] > 0)),
     )
+
+
+def self_agreement(errors: Mapping[str, np.ndarray], n_boot: int = 1000, seed: int = 0) -> dict[str, Estimate]:
+    """Across-instance self-agreement: mean Pearson and top-10% Jaccard between instances of one method.
+
+    ``errors`` maps an instance label (the same spec quantized with another calibration sample, or on
+    other kernels) to its ``[N]`` per-example error on the same examples. It is assumption-free: how
+    well a method agrees with itself, the ceiling any other method can be expected to reach against it.
+    """
+    labels = list(errors)
+    if len(labels) < 2:
+        return {}
+    frame = pd.DataFrame({k: np.asarray(v, dtype=np.float64) for k, v in errors.items()})
+    pairs = [(a, b) for i, a in enumerate(labels) for b in labels[i + 1:]]
+    return pair_agreement(frame, pairs, n_boot=n_boot, seed=seed)
 
 
 # ---------------------------------------------------------------------------------------

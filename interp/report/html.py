@@ -86,8 +86,9 @@ table.data{border-collapse:collapse;font-size:13px;margin:8px 0}table.data td,ta
 border-bottom:1px solid #eee;text-align:right}table.data th{background:#f3f5f7}
 table.data.text td,table.data.text th{text-align:left}
 .note{color:#555;font-size:14px}.more{color:#777;font-size:12px}.fig{margin:10px 0}
-td.verdict{font-weight:600;white-space:nowrap}.verdict-holds{color:#1a7f37;background:#e6f4ea}
-.verdict-fails{color:#b42318;background:#fde8e7}.verdict-partly{color:#9a6700;background:#fff4d6}
+td.verdict{font-weight:600;white-space:nowrap}.verdict-strong{color:#1a7f37;background:#e6f4ea}
+.verdict-consistent{color:#2e7d32;background:#f1f8e9}.verdict-weaker{color:#9a6700;background:#fff4d6}
+.verdict-notshown{color:#6d4c41;background:#f5f0eb}.verdict-contradicted{color:#b42318;background:#fde8e7}
 .verdict-untestable{color:#555;background:#f0f0f0}.verdict-construction{color:#3949ab;background:#e8eaf6}
 table.repro td,table.repro th{vertical-align:top;text-align:left}
 table.repro td.small{font-size:12px;color:#555;max-width:320px}
@@ -96,8 +97,10 @@ figure.fig{margin:14px 0}figure.fig figcaption{font-size:13px;color:#444;padding
 """
 
 
-VERDICT_CLASS = {"holds": "verdict-holds", "partly": "verdict-partly", "does not hold": "verdict-fails",
-                 "not testable here": "verdict-untestable", "by construction": "verdict-construction"}
+VERDICT_CLASS = {"as strong as the paper": "verdict-strong", "consistent with the paper": "verdict-consistent",
+                 "weaker than the paper": "verdict-weaker", "not shown": "verdict-notshown",
+                 "contradicted": "verdict-contradicted", "not testable here": "verdict-untestable",
+                 "by construction": "verdict-construction"}
 
 
 def reproduction_html(table: pd.DataFrame, caption: str = "The two papers' findings, reproduced here") -> Markup:

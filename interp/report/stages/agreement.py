@@ -77,18 +77,24 @@ def stage_agreement(ctx: ReportContext) -> StageOutput:
         table["disattenuated Pearson"] = [by_group[n].mean_disattenuated.value for n in table["pairs"]]
         table["disattenuated low"] = [by_group[n].mean_disattenuated.low for n in table["pairs"]]
         table["disattenuated high"] = [by_group[n].mean_disattenuated.high for n in table["pairs"]]
-        rel = ceiling.reliability["reliability"]
+        rel = ceiling.reliability["r_half"]
         beside = "; ".join(f"{name}: {c.mean_disattenuated.text()}" for name, c in by_group.items()
                            if name != "paper pairs (3- and 4-bit)")
+        above_one = int((ceiling.pairs["disattenuated"] > 1).sum())
+        undefined = f"; {ceiling.invalid_pairs} pair(s) without a valid ceiling" if ceiling.invalid_pairs else ""
         claims["agreement_disattenuated"] = Measurement(
-            {"pearson": ceiling.mean_disattenuated},
-            f"{ceiling.mean_disattenuated.text()} (observed {ceiling.mean_observed.text()}; {beside}; split-half "
-            f"reliability {rel.min():.2f}-{rel.max():.2f} over methods)")
+            {"pearson": ceiling.mean_disattenuated, "ceiling": ceiling.min_half_reliability},
+            f"{ceiling.mean_disattenuated.text()} on disjoint tokens (observed {ceiling.mean_observed.text()}; "
+            f"{beside}; half-length reliability {rel.min():.2f}-{rel.max():.2f} over methods, smallest "
+            f"{ceiling.min_half_reliability.text()}; {above_one} of {len(ceiling.pairs)} pairs corrected above 1"
+            f"{undefined}; no across-instance self-agreement in a one-instance report)")
         out.numbers["reliability"] = ceiling.reliability.to_dict(orient="records")
         out.notes.append(
             "Noise ceiling: each method's per-example error is split into odd and even target tokens; the "
-            "correlation of the halves across examples, stepped up with Spearman-Brown, is the error's reliability. "
-            "Two methods cannot agree above sqrt(rel_a rel_b); the disattenuated correlation divides it out.")
+            "correlation of the halves across examples is the half-length reliability. Both errors of a pair are "
+            "differences from the same reference NLL on the same tokens, so the correction compares disjoint tokens "
+            "only: r(a odd, b even) / sqrt(r(a odd, a even) r(b odd, b even)). A corrected value above 1, or a "
+            "reliability whose interval reaches 0, means the correction is not valid here (no verdict).")
     d = result.to_dict()
     out.numbers.update({"mean_pearson": d["mean_pearson"], "mean_jaccard_top10": d["mean_jaccard_top"],
                         "chance_jaccard": d["chance_jaccard"], "n": d["n"],

@@ -68,9 +68,12 @@ def _kurtosis_estimate(rev: Any, seed: int) -> Estimate:
     return estimate(float(diff(np.arange(a.shape[1]), np.arange(b.shape[1]))), boot, a.shape[1] + b.shape[1])
 
 
+OUTLIER_BLOCK = 3  # adjacent layers share outlier dimensions, so layers are resampled in blocks
+
+
 def _outlier_estimate(rev: Any, seed: int) -> Estimate:
     per_layer = rev.outliers.groupby("layer")["gamma_percentile"].mean().to_numpy(dtype=np.float64)
-    boot = per_layer[stats.bootstrap_indices(per_layer.size, N_BOOT, seed)].mean(axis=1)
+    boot = stats.block_bootstrap_means(per_layer, OUTLIER_BLOCK, N_BOOT, seed)
     return estimate(float(per_layer.mean()), boot, int(per_layer.size))
 
 
@@ -107,11 +110,11 @@ def stage_norms(ctx: ReportContext) -> StageOutput:
     rows = rev.mse[rev.mse["spec"] == spec]
     n_layers = ctx.model.info.n_layers
     upper = rows[rows["layer"] >= n_layers // 2]
-    above, reaching = int((upper["corr_low"] > 0.6).sum()), int((upper["corr_high"] > 0.6).sum())
+    above, below = int((upper["corr_low"] > 0.6).sum()), int((upper["corr_high"] < 0.6).sum())
     claims["reversal_h_mse"] = Measurement(
-        {"layers_above": Estimate(above, above, above), "layers_reaching": Estimate(reaching, reaching, reaching),
+        {"layers_above": Estimate(above, above, above), "layers_below": Estimate(below, below, below),
          "upper_layers": Estimate(len(upper), len(upper), len(upper))},
-        f"{above} of {len(upper)} upper layers wholly above 0.6, {reaching} reach it (mean r "
+        f"{above} of {len(upper)} upper layers wholly above 0.6, {below} wholly below (mean r "
         f"{upper['corr_h_mse'].mean():.2f}; {spec})")
     kurt = _kurtosis_estimate(rev, seed)
     claims["kurtosis"] = Measurement({"diff": kurt}, f"{kurt.text(3)} (log-kurtosis, D_large minus D_ctrl, mean over "

@@ -44,12 +44,14 @@ def saobp_seed_table(folder: Any) -> pd.DataFrame:
             "entropy_baseline": deep_mean("baseline", "entropy"), "entropy_saobp": deep_mean("saobp", "entropy"),
             "norm_entropy_baseline": deep_mean("baseline", "entropy_norm"),
             "sink_baseline": deep_mean("baseline", "sink"), "sink_saobp": deep_mean("saobp", "sink"),
+            "gtd_baseline": deep_mean("baseline", "gtd"), "gtd_saobp": deep_mean("saobp", "gtd"),
         })
     columns = ["seed", "step", "deep_layers", "loss_baseline", "loss_saobp", "entropy_baseline", "entropy_saobp",
-               "norm_entropy_baseline", "sink_baseline", "sink_saobp"]
+               "norm_entropy_baseline", "sink_baseline", "sink_saobp", "gtd_baseline", "gtd_saobp"]
     table = pd.DataFrame(rows, columns=columns)  # headers even with no seeds, so the stage's CSV reads back
     table["loss_diff"] = table["loss_saobp"] - table["loss_baseline"]
     table["entropy_diff"] = table["entropy_saobp"] - table["entropy_baseline"]
+    table["gtd_diff"] = table["gtd_saobp"] - table["gtd_baseline"]
     return table
 
 
@@ -61,10 +63,11 @@ def stage_saobp_training(ctx: ReportContext) -> StageOutput:
     seeds = Estimate(float(n), float(n), float(n), n)
     if n == 0:
         why = f"no per-seed training logs in {folder}"
-        record_claims(out, {"saobp_training_entropy": Measurement(untestable=why),
-                      "saobp_training_loss": Measurement(untestable=why)})
+        record_claims(out, {key: Measurement(untestable=why)
+                            for key in ("saobp_training_entropy", "saobp_training_loss", "saobp_training_gtd")})
         return out
-    ent, loss = t_estimate(table["entropy_diff"]), t_estimate(table["loss_diff"])
+    ent, loss, gtd = t_estimate(table["entropy_diff"]), t_estimate(table["loss_diff"]), t_estimate(table["gtd_diff"])
+    loss_sd = float(table["loss_diff"].std(ddof=1)) if n > 1 else float("nan")
     sink = float(table["sink_baseline"].mean())
     norm_entropy = float(table["norm_entropy_baseline"].mean())
     common = {"seeds": seeds, "baseline_sink": Estimate(sink), "baseline_norm_entropy": Estimate(norm_entropy)}
@@ -74,7 +77,12 @@ def stage_saobp_training(ctx: ReportContext) -> StageOutput:
             f"{ent.text(3)} nats over {n} seeds (layers {table['deep_layers'].iloc[0]}); baseline sink share "
             f"{sink:.2f}, normalised entropy {norm_entropy:.2f}"),
         "saobp_training_loss": Measurement(
-            {**common, "loss_diff": loss}, f"{loss.text(3)} nats/token over {n} seeds (step {table['step'].iloc[0]})"),
+            {**common, "loss_diff": loss, "loss_diff_sd": Estimate(loss_sd)},
+            f"{loss.text(3)} nats/token over {n} seeds (step {table['step'].iloc[0]}; per-seed sd {loss_sd:.3f})"),
+        "saobp_training_gtd": Measurement(
+            {**common, "gtd_diff": gtd},
+            f"deep-half GTD, SAOBP minus baseline: {gtd.text(3)} over {n} seeds (baseline "
+            f"{table['gtd_baseline'].mean():.3f}, SAOBP {table['gtd_saobp'].mean():.3f})"),
     })
     out.numbers["per_seed"] = table.to_dict(orient="records")
     out.notes.append(f"Read from the committed logs in {folder.name}/ (python -m interp.attention.train --preset seeds "
