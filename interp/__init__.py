@@ -1,4 +1,17 @@
-"""interp: attention localization and low-bit quantization analysis on transformer-lens bridges."""
+"""interp: attention localization and low-bit quantization analysis on transformer-lens bridges.
+
+The common verbs are one dot away; each is the function at its deep path, loaded on first use:
+
+- ``interp.load_model``, ``interp.load_examples``, ``interp.examples_from_texts``, ``interp.nll``;
+- ``interp.probe`` (:func:`interp.probes.probe`);
+- ``interp.quantize`` (:func:`interp.quant.apply.quantize`) and ``interp.score``
+  (:func:`interp.quant.store.score`);
+- ``interp.logit_lens`` (:func:`interp.localize.lens.early_exit`);
+- ``interp.patch`` (:func:`interp.localize.patching.engine.patch`);
+- ``interp.analyze_attention`` (:func:`interp.attention.analysis.analyze`);
+- ``interp.report(out, ...)``: the HTML report (:func:`interp.report.report`); ``interp.report``
+  is also the package, so ``interp.report.run_report`` and the other deep paths keep working.
+"""
 
 from __future__ import annotations
 
@@ -17,14 +30,21 @@ _LAZY = {
     "nll": "interp.runtime.scoring",
     "probe": "interp.probes",
     "ProbeResult": "interp.probes",
+    # the common verbs, one dot away (their deep paths keep working)
+    "quantize": "interp.quant.apply",
+    "score": "interp.quant.store",
+    "patch": "interp.localize.patching.engine",
+    "logit_lens": "interp.localize.lens",
+    "analyze_attention": "interp.attention.analysis",
 }
+_RENAMED = {"logit_lens": "early_exit", "analyze_attention": "analyze"}
 _SUBMODULES = {"attention", "quant", "localize", "runtime", "probes", "figures", "report", "stats", "data", "models",
                "errors", "io", "typing", "validate", "display"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(importlib.import_module(_LAZY[name]), _RENAMED.get(name, name))
     if name in _SUBMODULES:
         return importlib.import_module(f"interp.{name}")
     raise AttributeError(f"module 'interp' has no attribute {name!r}")
