@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from interp.quant.prescribe import prescribe  # bound here: the function, not the submodule of the same name
 from interp.quant.spec import MethodSpec, parse_spec
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MethodSpec",
     "parse_spec",
+    "prescribe",
     "quantize_weight",
     "relative_error",
     "relative_output_error",
@@ -48,6 +50,7 @@ _LAZY_MODULES = {
     "score": "store", "ScoreStore": "store",
     "agreement": "analysis", "split_large_ctrl": "analysis", "norm_error_correlation": "analysis",
     "reversal": "analysis", "error_split": "analysis",
+    "Plan": "prescribe", "Sensitivity": "sensitivity",
 }
 __all__ += list(_LAZY_MODULES)
 

@@ -56,6 +56,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,7 @@ from interp.models import model_hash  # a model's identity lives with the models
 from interp.quant.calibration import FEEDER_VERSION, LayerFeeder, OutOfOrder
 from interp.quant.methods import LayerInputs, quantize_weight, relative_error
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
-from interp.runtime import hooks
+from interp.runtime import hooks, placement
 from interp.runtime.batching import check_examples, device_of, kernels, show_progress
 
 ROLES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
@@ -177,6 +178,19 @@ def _check_quantizable(model: Any) -> None:
         )
 
 
+def _check_modules(model: Any, spec: MethodSpec) -> None:
+    """Every module a per-module bit map names is a block linear weight of ``model``."""
+    if not spec.modules:
+        return
+    n = hooks.n_layers(model)
+    roles = [role for role in ROLES if role in hooks.linear_weights(model, 0)]
+    unknown = [name for name in spec.modules
+               if not (int(name.split(".")[0]) < n and name.split(".", 1)[1] in roles)]
+    if unknown:
+        raise SpecError(f"the spec's bit map names {', '.join(unknown[:3])}, which this model does not have; "
+                        f"modules are LAYER.ROLE with LAYER 0..{n - 1} and ROLE one of {', '.join(roles)}")
+
+
 def quantize(
     model: Any,
     spec: str | MethodSpec,
@@ -211,8 +225,24 @@ def quantize(
         >>> qmodel is model, qmodel.quant_info.spec
         (False, 'nf:bits=3,group=32')
     """
+    spec, calibration = _checked_request(model, spec, calibration)
+    placement.refuse_offloaded(model, "quantize()", "Use interp.quant.inplace.quantize_in_place (or score, which "
+                               "applies each spec in place), which quantizes the model's own weights block by block.")
+    reference_hash = model_hash(model)
+    qmodel = copy.deepcopy(model)
+    qmodel.eval()
+    info = _quantize_weights(qmodel, spec, calibration, reference_hash,
+                             getattr(getattr(model, "info", None), "name", "model"), progress, batch_size)
+    _label(qmodel, model, info)
+    return qmodel
+
+
+def _checked_request(model: Any, spec: str | MethodSpec, calibration: Examples | None
+                     ) -> tuple[MethodSpec, Examples | None]:
+    """The parsed spec and its calibration (``None`` for a calibration-free method), checked against ``model``."""
     spec = parse_spec(spec)
     _check_quantizable(model)
+    _check_modules(model, spec)
     if spec.needs_calibration and (calibration is None or len(calibration) == 0):
         raise SpecError(
             f"{spec.method} needs calibration text: pass calibration=interp.load_examples(..., "
@@ -222,14 +252,23 @@ def quantize(
         calibration = None
     if calibration is not None:
         check_examples(model, calibration)  # rows within the context and vocabulary, same tokenizer
-    reference_hash = model_hash(model)
-    qmodel = copy.deepcopy(model)
-    qmodel.eval()
+    return spec, calibration
+
+
+def _quantize_weights(qmodel: Any, spec: MethodSpec, calibration: Examples | None, reference_hash: str, name: str,
+                      progress: bool | None, batch_size: int,
+                      before_layer: Callable[[int], None] | None = None) -> QuantInfo:
+    """Quantize ``qmodel``'s block weights in place, block after block; returns how.
+
+    Only block ``l``'s weights are onloaded while it is quantized (for a model with offloaded
+    blocks, see :func:`interp.runtime.placement.onloaded`). ``before_layer(l)`` runs before
+    block ``l`` changes (the in-place path keeps the reference's weights there).
+    """
     n = hooks.n_layers(qmodel)
     info = QuantInfo(
         spec=str(spec),
         reference_hash=reference_hash,
-        reference_name=getattr(getattr(model, "info", None), "name", "model"),
+        reference_name=name,
         calibration=_calibration_record(calibration),
         algorithm=algorithm_version(spec),
     )
@@ -242,13 +281,14 @@ def quantize(
     calibration_seconds = time.perf_counter() - start
     for layer in range(n):
         layer_start = time.perf_counter()
-        calibration_seconds += _quantize_block(qmodel, layer, spec, feeder, info)
+        if before_layer is not None:
+            before_layer(layer)
+        with placement.onloaded(qmodel, [layer]):
+            calibration_seconds += _quantize_block(qmodel, layer, spec, feeder, info)
         info.layer_seconds.append(time.perf_counter() - layer_start)
         bar.update(1)
     bar.close()
-    info = dataclasses.replace(info, calibration_seconds=calibration_seconds)
-    _label(qmodel, model, info)
-    return qmodel
+    return dataclasses.replace(info, calibration_seconds=calibration_seconds)
 
 
 def _quantize_block(qmodel: Any, layer: int, spec: MethodSpec, feeder: LayerFeeder | None, info: QuantInfo) -> float:
@@ -277,7 +317,7 @@ def _quantize_group(slots: dict[str, Any], roles: list[str], layer: int, spec: M
         # or gate/up in one matrix: each logical matrix is quantized on its own
         weight = slots[role].read().detach()
         tick = time.perf_counter()
-        quantized = quantize_weight(weight, spec, inputs)
+        quantized = quantize_weight(weight, spec.for_module(layer, role), inputs)  # a plan's own width
         info.role_seconds[role] = info.role_seconds.get(role, 0.0) + time.perf_counter() - tick
         info.relative_errors[f"{layer}.{role}"] = relative_error(weight, quantized)
         slots[role].write(quantized)
@@ -380,8 +420,11 @@ def _label(qmodel: Any, reference: Any, info: QuantInfo) -> None:
 # Saving and loading
 
 
-def save_quantized(model: Any, path: str | os.PathLike[str]) -> Path:
+def save_quantized(model: Any, path: str | os.PathLike[str], info: QuantInfo | None = None) -> Path:
     """Write a quantized model's block weights (safetensors) and its :class:`QuantInfo` (JSON).
+
+    ``info`` describes the weights when ``model`` carries them in place (see
+    :mod:`interp.quant.inplace`); by default it is ``model.quant_info``.
 
     Only the quantized weights are written (the rest equals the reference). The folder is
     written whole into a temporary sibling and renamed into place once, so ``path`` is either
@@ -397,16 +440,16 @@ def save_quantized(model: Any, path: str | os.PathLike[str]) -> Path:
         >>> sorted(p.name for p in folder.iterdir())
         ['quant.json', 'quantized.safetensors']
     """
-    info: QuantInfo | None = getattr(model, "quant_info", None)
+    info = info if info is not None else getattr(model, "quant_info", None)
     if info is None:
         raise InterpError("save_quantized needs a model returned by interp.quant.quantize (it has no quant_info).")
     out = Path(path)
     parent = ensure_writable_dir(out.parent)
-    tensors = {
-        f"{layer}.{role}": slot.read().detach().cpu().contiguous()
-        for layer in range(hooks.n_layers(model))
-        for role, slot in hooks.linear_weights(model, layer).items()
-    }
+    tensors = {}
+    for layer in range(hooks.n_layers(model)):
+        with placement.onloaded(model, [layer]):  # an offloaded block's weights come to memory to be written
+            tensors.update({f"{layer}.{role}": slot.read().detach().cpu().contiguous()
+                            for role, slot in hooks.linear_weights(model, layer).items()})
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=parent))
     try:
         save_file(tensors, str(tmp / WEIGHTS_FILE))
@@ -558,7 +601,8 @@ def cache_key(reference: Any, spec: str | MethodSpec, calibration: Examples | No
     tag = kernels(device_of(reference))
     version = algorithm_version(spec)
     key = hashlib.sha256(f"{model_hash(reference)}|{spec}|{calibration_hash}|{tag}|{version}".encode()).hexdigest()[:16]
-    return f"{spec.method}{spec.bits}-g{spec.group}-{key}"
+    mixed = "-mix" if spec.modules else ""
+    return f"{spec.method}{spec.bits}{mixed}-g{spec.group}-{key}"
 
 
 def quantize_cached(

@@ -10,6 +10,14 @@ included) in a fixed order::
     >>> parse_spec("rtn:group=32,bits=4") == parse_spec("rtn:bits=4,group=32,zero=float")
     True
 
+A spec may also carry a per-module bit map (a mixed-precision plan, see
+:mod:`interp.quant.prescribe`): ``|LAYER.ROLE=BITS`` items after the options give those
+block weights another of the method's bit widths; ``@DIR/plan.json`` reads the spec a plan
+file records::
+
+    >>> str(parse_spec("rtn:bits=3|12.down=4|0.v=4"))
+    'rtn:bits=3,group=64,zero=float|0.v=4|12.down=4'
+
 ``bits`` is required; ``group`` (the number of consecutive input-dimension weights
 that share one scale) defaults to 64. Which bit widths and which other options a method
 takes is said by its :class:`Quantizer` record: every public module of
@@ -248,6 +256,7 @@ class MethodSpec:
     bits: int
     group: int = DEFAULT_GROUP
     params: Mapping[str, OptionValue] = field(default_factory=dict)
+    modules: Mapping[str, int] = field(default_factory=dict)  # "layer.role" -> bits where it differs from bits
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str):
@@ -270,14 +279,32 @@ class MethodSpec:
             for name, option in record.options.items()
         }
         object.__setattr__(self, "params", MappingProxyType(full))
+        object.__setattr__(self, "modules", MappingProxyType(_checked_modules(self.method, self.bits, self.modules)))
 
     def __hash__(self) -> int:
-        return hash((self.method, self.bits, self.group, tuple(self.params.items())))
+        return hash((self.method, self.bits, self.group, tuple(self.params.items()), tuple(self.modules.items())))
 
     def __str__(self) -> str:
         parts = [f"bits={self.bits}", f"group={self.group}"]
         parts += [f"{name}={value}" for name, value in self.params.items()]
-        return f"{self.method}:{','.join(parts)}"
+        return f"{self.method}:{','.join(parts)}" + "".join(f"|{name}={b}" for name, b in self.modules.items())
+
+    def bits_for(self, layer: int, role: str) -> int:
+        """The bit width of block ``layer``'s ``role`` weight: its entry in :attr:`modules`, else :attr:`bits`.
+
+        Example:
+            >>> spec = parse_spec("gptq:bits=3|0.v=4")
+            >>> spec.bits_for(0, "v"), spec.bits_for(0, "q"), spec.for_module(0, "v")
+            (4, 3, MethodSpec('gptq:bits=4,group=64,damp=0.01,act_order=1,block=128'))
+        """
+        return self.modules.get(f"{layer}.{role}", self.bits)
+
+    def for_module(self, layer: int, role: str) -> MethodSpec:
+        """The plain (single-width) spec that block ``layer``'s ``role`` weight is quantized with."""
+        bits = self.bits_for(layer, role)
+        if bits == self.bits and not self.modules:
+            return self
+        return MethodSpec(self.method, bits, self.group, self.params)
 
     def __repr__(self) -> str:
         return f"MethodSpec({str(self)!r})"
@@ -286,6 +313,29 @@ class MethodSpec:
     def needs_calibration(self) -> bool:
         """True for methods that need the layer's inputs on calibration text (their record says so)."""
         return METHODS[self.method].needs_calibration
+
+
+def _module_key(name: str) -> tuple[int, str]:
+    layer, _, role = name.partition(".")
+    return int(layer), role
+
+
+def _checked_modules(method: str, bits: int, modules: object) -> dict[str, int]:
+    """A per-module bit map, validated and canonical: entries equal to the base width dropped, sorted by layer."""
+    if not isinstance(modules, Mapping):
+        raise SpecError(f"modules must map module names like '3.down' to bit widths, got {type(modules).__name__}")
+    record = METHODS[method]
+    out: dict[str, int] = {}
+    for name, width in modules.items():
+        layer, dot, role = str(name).partition(".")
+        if not (dot and layer.isdigit() and role.isidentifier()):
+            raise SpecError(f"module name {name!r} must be LAYER.ROLE, e.g. '3.down' (roles: q, k, v, o, gate, up, "
+                            "down)")
+        if isinstance(width, bool) or not isinstance(width, int) or width not in record.bits:
+            raise SpecError(f"{method} supports bits {record.bits_text()}, got {width!r} for module {name}")
+        if width != bits:
+            out[f"{int(layer)}.{role}"] = width
+    return dict(sorted(out.items(), key=lambda item: _module_key(item[0])))
 
 
 def _checked_value(method: str, name: str, option: Option, value: object) -> OptionValue:
@@ -320,6 +370,9 @@ def parse_spec(spec: str | MethodSpec) -> MethodSpec:
         return spec
     if not isinstance(spec, str):
         raise SpecError(f"a method spec must be a string like 'rtn:bits=4,group=64', got {type(spec).__name__}")
+    if spec.strip().startswith("@"):
+        return parse_spec(_spec_from_plan(spec.strip()[1:]))
+    spec, *module_items = spec.split("|")
     method, _, body = spec.strip().partition(":")
     method = method.strip().lower()
     record = _record(method)
@@ -333,7 +386,35 @@ def parse_spec(spec: str | MethodSpec) -> MethodSpec:
     group = DEFAULT_GROUP
     if "group" in pairs:
         group = _parse_int_field(method, "group", pairs.pop("group"), "an integer >= 1")
-    return MethodSpec(method, bits, group, pairs)
+    return MethodSpec(method, bits, group, pairs, _split_modules(method, record, module_items))
+
+
+def _split_modules(method: str, record: Quantizer, items: list[str]) -> dict[str, int]:
+    """``["0.v=4", "29.down=4"]`` -> ``{"0.v": 4, "29.down": 4}`` (checked by :class:`MethodSpec`)."""
+    modules: dict[str, int] = {}
+    for item in items:
+        name, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not name:
+            raise SpecError(f"malformed module item {item.strip()!r}; write |LAYER.ROLE=BITS, e.g. "
+                            f"'{method}:bits=3|0.v=4'")
+        if name in modules:
+            raise SpecError(f"module {name!r} is given twice in the {method} spec")
+        modules[name] = _parse_int_field(method, f"bits of module {name}", value, f"one of {record.bits_text()}")
+    return modules
+
+
+def _spec_from_plan(path: str) -> str:
+    """The ``spec`` a plan file (``plan.json`` from ``interp prescribe``) records."""
+    import json
+
+    try:
+        record = json.loads(open(path, encoding="utf-8").read())
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"@{path}: cannot read a plan from it ({exc}); give @DIR/plan.json written by "
+                        "interp prescribe") from None
+    if not isinstance(record, dict) or not isinstance(record.get("spec"), str):
+        raise SpecError(f"@{path} holds no 'spec' entry; give @DIR/plan.json written by interp prescribe")
+    return record["spec"]
 
 
 def _split_pairs(method: str, body: str) -> dict[str, str]:

@@ -1,0 +1,294 @@
+"""Mixed-precision plans: the per-module bit map in a spec, per-weight sensitivity, the budgeted
+allocation (against brute force), the bit accounting (against a hand count), the validation
+statistics, and the ``interp prescribe`` command's checks."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import itertools
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import interp
+from interp.errors import InterpError, SpecError
+from interp.quant.apply import quantize
+from interp.quant.spec import MethodSpec, parse_spec
+from interp.runtime import hooks
+
+pr = importlib.import_module("interp.quant.prescribe")  # the module; interp.quant.prescribe is the function
+
+# ---------------------------------------------------------------------------------------
+# The per-module bit map in a spec
+
+
+def test_plain_spec_strings_are_unchanged():
+    assert str(parse_spec("gptq:bits=3")) == "gptq:bits=3,group=64,damp=0.01,act_order=1,block=128"
+    assert parse_spec("rtn:bits=4").modules == {}
+
+
+def test_bit_map_is_canonical_and_round_trips():
+    spec = parse_spec("rtn:bits=3|12.down=4|0.v=4|0.q=3")
+    assert str(spec) == "rtn:bits=3,group=64,zero=float|0.v=4|12.down=4"  # base-width entry dropped, by layer
+    again = parse_spec(str(spec))
+    assert again == spec and hash(again) == hash(spec)
+    assert spec != parse_spec("rtn:bits=3|0.v=4")
+    assert (spec.bits_for(12, "down"), spec.bits_for(12, "up")) == (4, 3)
+    assert spec.for_module(0, "v") == parse_spec("rtn:bits=4")
+    assert MethodSpec("rtn", 3, modules={"0.v": 4}) == parse_spec("rtn:bits=3|0.v=4")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("nf:bits=3|0.v=5", "supports bits 3, 4"),
+    ("rtn:bits=3|v=4", "LAYER.ROLE"),
+    ("rtn:bits=3|0.v", "malformed module item"),
+    ("rtn:bits=3|0.v=4|0.v=3", "given twice"),
+    ("rtn:bits=3|0.v=four", "bits of module 0.v"),
+])
+def test_bad_bit_maps_get_clear_errors(text, words):
+    with pytest.raises(SpecError, match=words):
+        parse_spec(text)
+
+
+def test_spec_from_a_plan_file(tmp_path):
+    (tmp_path / "plan.json").write_text(json.dumps({"spec": "rtn:bits=3|1.up=4"}))
+    assert parse_spec(f"@{tmp_path}/plan.json") == parse_spec("rtn:bits=3|1.up=4")
+    with pytest.raises(SpecError, match="cannot read a plan"):
+        parse_spec(f"@{tmp_path}/missing.json")
+
+
+def test_quantize_with_a_bit_map_takes_each_weight_at_its_width(tiny_llama):
+    """RTN quantizes each weight on its own, so every weight must equal the uniform model's at its width."""
+    spec = parse_spec("rtn:bits=3,group=32|0.v=4|1.down=4|1.q=4")
+    mixed = quantize(tiny_llama, spec, progress=False)
+    uniform = {b: quantize(tiny_llama, f"rtn:bits={b},group=32", progress=False) for b in (3, 4)}
+    for layer in range(hooks.n_layers(tiny_llama)):
+        for role, slot in hooks.linear_weights(mixed, layer).items():
+            want = hooks.linear_weights(uniform[spec.bits_for(layer, role)], layer)[role].read()
+            assert torch.equal(slot.read(), want), (layer, role)
+    assert mixed.quant_info.spec == str(spec)
+
+
+def test_calibrated_bit_map_matches_uniform_where_inputs_agree(tiny_llama, rows):
+    """GPTQ's first group (q, k, v of block 0) sees the same calibration inputs in every model, so a
+    mixed plan's block-0 q, k, v must be the uniform model's at their own width, bit for bit."""
+    spec = parse_spec("gptq:bits=3,group=32|0.k=4")
+    mixed = quantize(tiny_llama, spec, calibration=rows, progress=False)
+    uniform = {b: quantize(tiny_llama, f"gptq:bits={b},group=32", calibration=rows, progress=False) for b in (3, 4)}
+    for role in ("q", "k", "v"):
+        got = hooks.linear_weights(mixed, 0)[role].read()
+        assert torch.equal(got, hooks.linear_weights(uniform[spec.bits_for(0, role)], 0)[role].read()), role
+
+
+def test_bit_map_naming_a_missing_module_is_refused(tiny_llama):
+    with pytest.raises(SpecError, match="does not have"):
+        quantize(tiny_llama, "rtn:bits=3|7.v=4", progress=False)
+
+
+# ---------------------------------------------------------------------------------------
+# Sensitivity
+
+
+def test_sensitivity_equals_swapping_one_weight_into_a_full_forward(model64, rows):
+    """Independent check: each score against a plain full forward (from the tokens, not from a cached
+    residual) of a copy with only that weight swapped. Float64 throughout (interp.nll would round
+    to float32), so the two paths agree to float64 rounding of ~5-nat NLLs: 1e-10 nats."""
+    from interp.quant.sensitivity import sensitivity
+    from interp.runtime.scoring import row_mean, token_nll_fn
+
+    def nll64(model):
+        with torch.no_grad():
+            return row_mean(token_nll_fn(model)(rows.tokens))
+
+    result = sensitivity(model64, "rtn:bits=2,group=32", rows, progress=False, cache=False)
+    low = quantize(model64, "rtn:bits=2,group=32", progress=False)
+    reference = nll64(model64)
+    assert len(result.names) == 7 * hooks.n_layers(model64)
+    for index in (0, 5, len(result.names) - 1):
+        layer, role = result.layers[index], result.roles[index]
+        swapped = copy.deepcopy(model64)
+        hooks.linear_weights(swapped, layer)[role].write(hooks.linear_weights(low, layer)[role].read())
+        expected = (nll64(swapped) - reference).numpy()
+        np.testing.assert_allclose(result.per_example[index], expected, rtol=0, atol=1e-10)
+
+
+def test_sensitivity_is_cached_and_reloads(tiny_llama, rows, tmp_path):
+    from interp.quant.sensitivity import sensitivity
+
+    first = sensitivity(tiny_llama, "rtn:bits=2,group=32", rows, progress=False, cache_dir=tmp_path)
+    assert list((tmp_path / "sensitivity").glob("rtn2-g32-*/sensitivity.csv"))
+    again = sensitivity(tiny_llama, "rtn:bits=2,group=32", rows, progress=False, cache_dir=tmp_path)
+    np.testing.assert_allclose(again.per_example, first.per_example, rtol=1e-8)  # CSV keeps 9 digits
+    assert again.names == first.names
+    with pytest.raises(InterpError, match="single-width"):
+        sensitivity(tiny_llama, "rtn:bits=2|0.v=4", rows, progress=False, cache=False)
+
+
+# ---------------------------------------------------------------------------------------
+# Allocation against brute force
+
+
+def _brute_force(values, costs, capacity):
+    """The knapsack optimum by enumerating every subset."""
+    best = 0.0
+    for chosen in itertools.product((0, 1), repeat=len(values)):
+        if sum(c for c, x in zip(costs, chosen, strict=True) if x) <= capacity:
+            best = max(best, sum(v for v, x in zip(values, chosen, strict=True) if x))
+    return best
+
+
+def _instances(seed, count=60):
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        n = int(rng.integers(1, 9))
+        costs = [int(c) for c in rng.integers(1, 20, size=n)]
+        values = [float(v) for v in rng.uniform(0, 1, size=n)]
+        yield values, costs, int(rng.integers(0, sum(costs) + 1))
+
+
+def test_greedy_is_optimal_when_costs_are_equal():
+    """With one cost for all items the ratio order is the value order, and taking the best k is optimal."""
+    for values, costs, capacity in _instances(0):
+        costs = [7] * len(values)
+        taken = pr.fill(pr.greedy_order(values, costs), costs, capacity)
+        assert math.isclose(sum(values[i] for i in taken), _brute_force(values, costs, capacity))
+
+
+def test_greedy_is_feasible_maximal_and_within_one_item_of_the_optimum():
+    """Ratio-greedy: within capacity, no skipped item still fits, and value >= OPT - max value
+    (the first item the greedy prefix could not take bounds the LP relaxation)."""
+    for values, costs, capacity in _instances(1):
+        taken = pr.fill(pr.greedy_order(values, costs), costs, capacity)
+        used = sum(costs[i] for i in taken)
+        assert used <= capacity
+        assert all(costs[i] > capacity - used for i in range(len(values)) if i not in taken)
+        optimum = _brute_force(values, costs, capacity)
+        assert sum(values[i] for i in taken) >= optimum - max(values) - 1e-12
+
+
+def test_greedy_order_breaks_ties_by_position():
+    assert pr.greedy_order([2.0, 1.0, 2.0, 1.0], [2, 1, 2, 1]) == [0, 1, 2, 3]
+    assert pr.greedy_order([1.0, 3.0, 2.0], [1, 1, 1]) == [1, 2, 0]
+
+
+# ---------------------------------------------------------------------------------------
+# Bit accounting against a hand count
+
+
+SMOL_BLOCK = [("q", 576, 576), ("k", 192, 576), ("v", 192, 576), ("o", 576, 576), ("gate", 1536, 576),
+              ("up", 1536, 576), ("down", 576, 1536)]
+
+
+def test_bit_accounting_against_a_hand_count():
+    spec = parse_spec("gptq:bits=3,group=64")
+    q = pr.WeightShape(0, "q", 576, 576)
+    # 576*576 codes at 3 bits = 995,328; 576 rows x 9 groups x (16-bit scale + 16-bit zero) = 165,888
+    assert pr.weight_bits(q, spec, 3) == 995_328 + 165_888
+    down = pr.WeightShape(0, "down", 576, 1536)
+    # 884,736 codes at 4 bits = 3,538,944; 576 rows x 24 groups x 32 bits = 442,368
+    assert pr.weight_bits(down, spec, 4) == 3_538_944 + 442_368
+    shapes = [pr.WeightShape(layer, r, o, i) for layer in range(2) for r, o, i in SMOL_BLOCK]
+    assert pr.average_bits(shapes, spec, [3] * len(shapes)) == 3.5  # 3 + 32/64 when 64 divides every d_in
+    assert pr.average_bits(shapes, spec, [4] * len(shapes)) == 4.5
+    nf = parse_spec("nf:bits=4,group=64")
+    assert pr.weight_bits(q, nf, 4) == 576 * 576 * 4 + 576 * 9 * 16  # absmax scale only
+    rtn = parse_spec("rtn:bits=3,group=64,zero=int")
+    assert pr.weight_bits(q, rtn, 3) == 576 * 576 * 3 + 576 * 9 * (16 + 3)  # integer zero at the code width
+    ragged = pr.WeightShape(0, "q", 2, 100)  # ceil(100 / 64) = 2 groups per row
+    assert pr.weight_bits(ragged, spec, 3) == 2 * 100 * 3 + 2 * 2 * 32
+
+
+def test_plan_stays_under_the_budget_and_fills_it():
+    spec = parse_spec("gptq:bits=3,group=64")
+    shapes = [pr.WeightShape(layer, r, o, i) for layer in range(6) for r, o, i in SMOL_BLOCK]
+    values = list(np.random.default_rng(0).uniform(0, 1, len(shapes)))
+    for budget in (3.6, 4.0, 4.37):
+        plan = pr.plan_from_order(shapes, spec, (3, 4), budget, pr.greedy_order(values, [1] * len(shapes)),
+                                  "interp", values)
+        assert plan.ends == (3.5, 4.5) and plan.achieved <= budget
+        total = sum(s.size for s in shapes)
+        slack_bits = budget * total - plan.achieved * total
+        cheapest_low = min(pr.weight_bits(s, spec, 4) - pr.weight_bits(s, spec, 3) for s in shapes
+                           if plan.widths[s.name] == 3)
+        assert slack_bits < cheapest_low  # exact on the budget: nothing left at 3 bits still fits
+        assert parse_spec(plan.spec).bits_for(0, "q") == plan.widths["0.q"]
+
+
+def test_heuristic_order_puts_v_and_down_first_then_the_ends():
+    shapes = [pr.WeightShape(layer, r, o, i) for layer in range(16) for r, o, i in SMOL_BLOCK]
+    order = [shapes[i] for i in pr.heuristic_order(shapes)]
+    first = order[:32]
+    assert {s.role for s in first} == {"v", "down"}
+    # use_more_bits(i, 16): i < 2, i >= 14, or (i - 2) % 3 == 2  ->  0, 1, 4, 7, 10, 13, 14, 15
+    assert sorted({s.layer for s in order[:16]}) == [0, 1, 4, 7, 10, 13, 14, 15]
+    assert {s.layer for s in order[32:42]} == {0, 15}  # then the first and last layers' other weights
+
+
+@pytest.mark.parametrize("bits, budget, words", [
+    ((3, 3), 3.7, "two different bit widths"),
+    ((3, 9), 3.7, "supports bits"),
+    ((3, 4), 3.5, "strictly between"),
+    ((3, 4), 4.5, "strictly between"),
+])
+def test_request_validation(bits, budget, words):
+    with pytest.raises(SpecError, match=words):
+        pr.validate_request("gptq", bits, budget, 64)
+
+
+# ---------------------------------------------------------------------------------------
+# The validation statistics
+
+
+def test_compare_strategies_against_direct_means():
+    rng = np.random.default_rng(0)
+    n = 40
+    errors = pd.DataFrame({"u3": rng.uniform(0.2, 0.4, n), "u4": rng.uniform(0.0, 0.1, n),
+                           "a": rng.uniform(0.1, 0.3, n), "b": rng.uniform(0.1, 0.35, n)},
+                          index=[f"x{i}" for i in range(n)])
+    meta = {"u3": ("uniform", math.nan, 3.5), "u4": ("uniform", math.nan, 4.5),
+            "a": ("interp", 4.0, 4.0), "b": ("heuristic", 4.0, 3.99)}
+    large = ["x1", "x5", "x9", "x30"]
+    table = pr.compare_strategies(errors, meta, large, "u3", "u4", n_boot=500).table.set_index("strategy")
+    assert math.isclose(table.loc["heuristic", "diff"], errors["b"].mean() - errors["a"].mean())
+    assert math.isclose(table.loc["heuristic", "large_diff"], errors.loc[large, "b"].mean()
+                        - errors.loc[large, "a"].mean())
+    gap = errors["u3"].mean() - errors["u4"].mean()
+    assert math.isclose(table.loc["interp", "gap_closed"], (errors["u3"].mean() - errors["a"].mean()) / gap)
+    row = table.loc["heuristic"]
+    assert row["diff_low"] <= row["diff"] <= row["diff_high"]
+    assert math.isnan(table.loc["interp", "diff"])  # the plan is not compared with itself
+
+
+# ---------------------------------------------------------------------------------------
+# The command line
+
+
+def test_cli_checks_the_request_before_loading_a_model(capsys, monkeypatch, tmp_path):
+    from interp.cli.main import main
+
+    monkeypatch.setattr(interp.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    cases = ((["--budget", "3.5"], "strictly between"), (["--bits", "3,9", "--budget", "4"], "supports"),
+             (["--bits", "3", "--budget", "4"], "two widths"), (["--method", "gptx", "--budget", "4"], "did you mean"))
+    for argv, words in cases:
+        try:
+            code = main(["prescribe", "--out", str(tmp_path), *argv])
+        except SystemExit as exc:  # argparse's own type errors
+            code = exc.code
+        assert code == 2, argv
+        assert words in capsys.readouterr().err, argv
+
+
+def test_prescribe_end_to_end_on_a_tiny_model(tiny_llama, rows, tmp_path):
+    plan = pr.prescribe(tiny_llama, "rtn", (2, 4), 3.5, calibration=rows, group=32, progress=False,
+                        cache_dir=tmp_path)
+    assert plan.achieved <= 3.5 and plan.strategy == "interp"
+    path = plan.save(tmp_path / "out")
+    record = json.loads(path.read_text())
+    assert record["achieved_average_bits"] == plan.achieved
+    qmodel = quantize(tiny_llama, f"@{path}", progress=False)
+    assert qmodel.quant_info.spec == plan.spec
