@@ -10,6 +10,8 @@ submodules, fused projections, gated or plain MLP, and whether a norm scales by 
 from __future__ import annotations
 
 import copy
+import functools
+import types
 from typing import Any
 
 import torch
@@ -33,9 +35,20 @@ def plain_module_tree(hf_model: torch.nn.Module) -> torch.nn.Module:
             if "hooks" in key and isinstance(value, dict):
                 clone.__dict__[key] = copy.copy(value)
         clone._modules = {name: None if child is None else unwrap(child) for name, child in source._modules.items()}
+        if "_hf_hook" in vars(source):  # accelerate's dispatch hook: its forward is bound to the source module
+            _rebind_dispatch_hook(source, clone)
         return clone
 
     return unwrap(hf_model)
+
+
+def _rebind_dispatch_hook(source: torch.nn.Module, clone: torch.nn.Module) -> None:
+    """Point an accelerate-dispatched module's patched ``forward`` at ``clone``, so that the clone runs
+    its own (unwrapped) children and hooks put on them fire; the weights still arrive through the hook."""
+    old = vars(source)["_old_forward"]
+    clone._old_forward = types.MethodType(getattr(old, "__func__", old), clone)
+    patched = vars(source)["forward"]
+    clone.forward = functools.update_wrapper(functools.partial(patched.func, clone), clone._old_forward)
 
 
 def decoder_layers_path(hf_model: Any) -> str:
@@ -102,6 +115,9 @@ def _norm_offset(norm: torch.nn.Module, device: torch.device) -> float:
     weight = getattr(norm, "weight", None)
     if isinstance(norm, torch.nn.LayerNorm) or not isinstance(weight, torch.Tensor):
         return 0.0
+    if weight.is_meta:  # offloaded by a device_map: accelerate's hook holds the value (and loads it for the forward)
+        weight = norm._hf_hook.weights_map["weight"]
+        device = weight.device if device.type == "meta" else device
     eps = float(getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None) or 1e-6)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(4, weight.shape[-1], generator=generator).to(device=device, dtype=weight.dtype)

@@ -270,7 +270,7 @@ def _looks_like_hf_folder(folder: Path) -> bool:
     )
 
 
-def _load_hf(folder: Path, dtype: torch.dtype, device: str) -> tuple[Any, Any]:
+def _load_hf(folder: Path, dtype: torch.dtype, device: str, placement: Placement | None = None) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:  # encoder-decoder and MoE folders are refused by name, before transformers tries a causal-LM class
@@ -284,11 +284,94 @@ def _load_hf(folder: Path, dtype: torch.dtype, device: str) -> tuple[Any, Any]:
             tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         except Exception as exc:  # noqa: BLE001
             raise ModelLoadError(f"No usable tokenizer in {folder} ({type(exc).__name__}: {exc}).") from None
+        if placement is not None:  # accelerate places (and offloads) the blocks while loading
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, dtype=dtype, local_files_only=True, trust_remote_code=False, use_safetensors=True,
+                **placement.from_pretrained_kwargs(),
+            )
+            return model.eval(), tokenizer
         model = AutoModelForCausalLM.from_pretrained(
             folder, dtype=dtype, local_files_only=True, trust_remote_code=False, use_safetensors=True
         )
     # transformers types PreTrainedModel.to as @wraps(nn.Module.to), i.e. unbound (self first).
     return model.to(device).eval(), tokenizer  # type: ignore[arg-type]
+
+
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How accelerate spreads a model over devices: a ``device_map`` and its limits.
+
+    Attributes:
+        device_map: ``"auto"``, ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``, or a dict
+            from module name (``"model.layers.3"``) to a device (``"cuda:0"``, ``0``, ``"cpu"``)
+            or ``"disk"``.
+        max_memory: per device, the most its weights may take (``{0: "70GiB", "cpu": "200GiB"}``).
+        offload_folder: where blocks mapped to ``"disk"`` are kept; needed when one is.
+    """
+
+    device_map: str | dict[str, Any]
+    max_memory: dict[Any, Any] | None = None
+    offload_folder: str | None = None
+
+    @classmethod
+    def checked(cls, device_map: Any, max_memory: Any, offload_folder: Any, device: Any) -> Placement | None:
+        """The placement asked for, after checking it; ``None`` when no ``device_map`` was given."""
+        if device_map is None:
+            if max_memory is not None or offload_folder is not None:
+                raise ModelLoadError("max_memory and offload_folder go with device_map=...; pass device_map too.")
+            return None
+        if device is not None:
+            raise ModelLoadError("Pass either device= or device_map=, not both: a device map names the devices.")
+        if isinstance(device_map, str):
+            if device_map not in DEVICE_MAP_STRATEGIES:
+                raise ModelLoadError(f"device_map must be one of {', '.join(DEVICE_MAP_STRATEGIES)} or a dict "
+                                     f"from module name to device; got {device_map!r}.")
+        elif not isinstance(device_map, dict) or not device_map:
+            raise ModelLoadError(f"device_map must be a strategy name or a non-empty dict; got {device_map!r}.")
+        elif "disk" in device_map.values() and offload_folder is None:
+            raise ModelLoadError("The device map sends modules to 'disk': pass offload_folder= (a folder for them).")
+        if max_memory is not None and not isinstance(max_memory, dict):
+            raise ModelLoadError(f"max_memory must be a dict such as {{0: '20GiB', 'cpu': '60GiB'}}; "
+                                 f"got {max_memory!r}.")
+        return cls(device_map, max_memory, None if offload_folder is None else str(offload_folder))
+
+    def from_pretrained_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"device_map": self.device_map}
+        if self.max_memory is not None:
+            kwargs["max_memory"] = self.max_memory
+        if self.offload_folder is not None:
+            kwargs["offload_folder"] = self.offload_folder
+        return kwargs
+
+    def dispatch(self, hf_model: Any) -> Any:
+        """Place a model already in memory (not yet wrapped in a bridge) with accelerate."""
+        from accelerate import dispatch_model, infer_auto_device_map
+        from accelerate.utils import get_balanced_memory
+
+        device_map = self.device_map
+        if isinstance(device_map, str):
+            no_split = getattr(hf_model, "_no_split_modules", None) or []
+            memory = self.max_memory
+            if device_map != "sequential":
+                memory = get_balanced_memory(hf_model, max_memory=memory, no_split_module_classes=no_split,
+                                             low_zero=device_map == "balanced_low_0")
+            device_map = infer_auto_device_map(hf_model, max_memory=memory, no_split_module_classes=no_split)
+        names = {name for name, _ in hf_model.named_modules()}
+        unknown = sorted(set(device_map) - names)
+        if unknown:
+            raise ModelLoadError(f"device_map names modules this model does not have: {unknown[:5]}. Use names "
+                                 "from model.named_modules(), such as 'model.layers.0'.")
+        placed = [d for d in device_map.values() if d != "disk"]
+        main = "cpu" if not placed or all(str(d) == "cpu" for d in placed) else next(
+            d for d in placed if str(d) != "cpu")
+        try:
+            return dispatch_model(hf_model, device_map=device_map, main_device=main, offload_dir=self.offload_folder)
+        except Exception as exc:  # noqa: BLE001 - accelerate's errors about incomplete maps are deep
+            raise ModelLoadError(f"accelerate could not place the model with this device_map ({exc}). Every "
+                                 "parameter needs a module in the map.") from None
 
 
 def _model_info(name: str, hf_model: Any, tokenizer: Any, source_hash: str) -> ModelInfo:
@@ -323,7 +406,8 @@ def bridge(hf_model: Any, tokenizer: Any, name: str, source_hash: str = "") -> A
     """Wrap a Hugging Face causal LM as a compatibility-mode bridge, without weight processing."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    device = str(next(hf_model.parameters()).device)
+    # an offloaded first block holds meta placeholders: the first weight that is somewhere names the device
+    device = str(next((p.device for p in hf_model.parameters() if p.device.type != "meta"), torch.device("cpu")))
     info = _model_info(name, hf_model, tokenizer, source_hash)
     with _quiet():
         try:
@@ -357,7 +441,8 @@ def _is_bridge(obj: Any) -> bool:
     return hasattr(obj, "original_model") and hasattr(obj, "hook_dict")
 
 
-def _from_memory(obj: Any, tokenizer: Any, name: str | None, dtype: torch.dtype | None, device: str | None) -> Any:
+def _from_memory(obj: Any, tokenizer: Any, name: str | None, dtype: torch.dtype | None, device: str | None,
+                 placement: Placement | None = None) -> Any:
     """A model the caller already holds: an HF ``PreTrainedModel`` or a ``TransformerBridge``."""
     from transformers import PreTrainedModel
 
@@ -370,11 +455,16 @@ def _from_memory(obj: Any, tokenizer: Any, name: str | None, dtype: torch.dtype 
     tokenizer = tokenizer if tokenizer is not None else getattr(obj, "tokenizer", None)
     if tokenizer is None:
         raise ModelLoadError(f"{type(obj).__name__} came without a tokenizer: pass tokenizer=AutoTokenizer...(...).")
+    if placement is not None and _is_bridge(obj):
+        raise ModelLoadError("A transformer-lens bridge cannot be placed with device_map afterwards (it renamed the "
+                             "modules): pass the Hugging Face model itself, or a name or folder.")
     if dtype is not None or device is not None:
         # in place, as nn.Module.to always is (transformers types .to unbound: self first)
         hf_model.to(device=device, dtype=dtype)  # type: ignore[call-arg]
     label = name or str(getattr(hf_model.config, "_name_or_path", "") or type(hf_model).__name__)
     if not _is_bridge(obj):
+        if placement is not None:
+            hf_model = placement.dispatch(hf_model)
         return bridge(hf_model.eval(), tokenizer, label)
     if not getattr(obj, "compatibility_mode", False):
         with _quiet():
@@ -393,6 +483,9 @@ def load_model(
     *,
     tokenizer: Any = None,
     name: str | None = None,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: dict[Any, Any] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
 ) -> Any:
     """Load a model offline as a transformer-lens ``TransformerBridge``, or adopt one already in memory.
 
@@ -407,6 +500,14 @@ def load_model(
             unless one is given.
         tokenizer: the tokenizer of a model in memory (a bridge's own is used when omitted).
         name: the name recorded in ``model.info`` (default: the path, or the config's name).
+        device_map: spread the model over devices with accelerate instead of one ``device``:
+            ``"auto"`` (also ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``) or a dict
+            from module name to device, ``"cpu"`` or ``"disk"``. Blocks mapped to ``"cpu"``
+            or ``"disk"`` next to an accelerator are offloaded: their weights are loaded for
+            each forward. A model in memory must be a Hugging Face model (not yet a bridge).
+            See ``docs/scaling.md``.
+        max_memory: with ``device_map``, the most weight memory per device (``{0: "20GiB", "cpu": "60GiB"}``).
+        offload_folder: with ``device_map``, where blocks mapped to ``"disk"`` are kept.
 
     Returns:
         The bridge. ``model.tokenizer`` is its tokenizer, ``model.info`` a :class:`ModelInfo`,
@@ -432,8 +533,9 @@ def load_model(
         True
     """
     torch_dtype = _check_dtype(dtype)
+    placement = Placement.checked(device_map, max_memory, offload_folder, device)
     if not isinstance(name_or_path, (str, os.PathLike)):
-        return _from_memory(name_or_path, tokenizer, name, torch_dtype, device)
+        return _from_memory(name_or_path, tokenizer, name, torch_dtype, device, placement)
     key = str(name_or_path)
     source_hash = ""
     if key in BUNDLED:
@@ -464,7 +566,7 @@ def load_model(
             )
     torch_dtype, device = torch_dtype or torch.float32, device or "cpu"
     try:
-        hf_model, loaded_tokenizer = _load_hf(folder, torch_dtype, device)
+        hf_model, loaded_tokenizer = _load_hf(folder, torch_dtype, device, placement)
     except ModelLoadError:
         raise
     except Exception as exc:  # noqa: BLE001 - corrupt safetensors, bad config, ...
@@ -472,7 +574,7 @@ def load_model(
             # A damaged cache: rebuild it once from the source, then load again.
             manifest = json.loads((folder / MANIFEST).read_text())
             converted_folder(Path(manifest["source"]), rebuild=True)
-            hf_model, loaded_tokenizer = _load_hf(folder, torch_dtype, device)
+            hf_model, loaded_tokenizer = _load_hf(folder, torch_dtype, device, placement)
         else:
             raise ModelLoadError(
                 f"Could not load the model in {folder} ({type(exc).__name__}: {exc}). "
@@ -588,6 +690,17 @@ def export_hf(model: Any, folder: str | os.PathLike[str]) -> Path:
     return out
 
 
+def _offloaded_value(hf_model: Any, name: str) -> torch.Tensor:
+    """The value of parameter ``name`` that accelerate's offload hook keeps off the module (a meta placeholder)."""
+    owner, _, attr = name.rpartition(".")
+    module = _resolve(hf_model, owner)
+    hook = getattr(getattr(module, "original_component", module), "_hf_hook", None)
+    if hook is None or getattr(hook, "weights_map", None) is None:
+        raise ModelLoadError(f"{name} is a meta tensor without an accelerate offload hook: the model was not loaded "
+                             "completely.")
+    return hook.weights_map[attr]
+
+
 def model_hash(model: Any) -> str:
     """A short identity for a model's weights.
 
@@ -608,6 +721,8 @@ def model_hash(model: Any) -> str:
         return str(source)[:16]
     digest = hashlib.sha256()
     for name, tensor in sorted(canonical_state_dict(model).items()):
+        if tensor.is_meta:  # offloaded by a device_map: the weight lives in accelerate's store
+            tensor = _offloaded_value(model.original_model, name)
         digest.update(name.encode())
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())

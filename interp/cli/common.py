@@ -267,18 +267,85 @@ def add_model_data(p: argparse.ArgumentParser, n: int = 64, seq_len: int = 128) 
     p.add_argument("--seed", type=int_at_least(0), default=0, help="seed for which documents are chosen")
     p.add_argument("--batch-size", type=int_at_least(1), default=8, help="examples per forward pass")
     p.add_argument("--device", type=device_type, default="cpu", help="cpu, cuda, cuda:N or mps")
+    p.add_argument("--device-map", type=device_map_type, default=None,
+                   help="spread the model over devices with accelerate instead of --device: auto, balanced, "
+                        "balanced_low_0, sequential, or a JSON object (or .json file) from module name to "
+                        "device, 'cpu' or 'disk' (see docs/scaling.md)")
+    p.add_argument("--max-memory", type=max_memory_type, default=None,
+                   help="with --device-map: the most weight memory per device, e.g. '0=70GiB,1=70GiB,cpu=200GiB'")
+    p.add_argument("--offload-folder", default=None, help="with --device-map: where blocks mapped to 'disk' are kept")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="model parameter dtype")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_checks(p, check_loads_model, check_data)
+    add_checks(p, check_loads_model, check_data, check_placement)
 
 
-def load_model_and_examples(args: argparse.Namespace, split: str = "eval") -> tuple[Any, Any]:
+def device_map_type(text: str) -> str | dict[str, Any]:
+    """An argparse type: a device-map strategy name, or a JSON object (inline or in a .json file)."""
+    import json
+
+    text = text.strip()
+    if text in ("auto", "balanced", "balanced_low_0", "sequential"):
+        return text
+    source = Path(text).read_text() if text.endswith(".json") and Path(text).is_file() else text
+    try:
+        parsed = json.loads(source)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither auto, balanced, balanced_low_0, sequential nor a JSON object (or .json file) "
+            "such as '{\"model.layers.0\": 0, \"model.layers.1\": \"disk\"}'") from None
+    if not isinstance(parsed, dict) or not parsed or not all(
+            isinstance(v, int) or (isinstance(v, str) and v) for v in parsed.values()):
+        raise argparse.ArgumentTypeError("a device map is a non-empty JSON object from module name to a GPU "
+                                         "number, a device name, 'cpu' or 'disk'")
+    return parsed
+
+
+def max_memory_type(text: str) -> dict[Any, str]:
+    """An argparse type: ``DEVICE=SIZE`` pairs separated by commas (``0=70GiB,cpu=200GiB``)."""
+    limits: dict[Any, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        device, sep, size = part.partition("=")
+        if not sep or not size.strip() or not device.strip():
+            raise argparse.ArgumentTypeError(f"{part!r}: write DEVICE=SIZE, e.g. 0=70GiB or cpu=200GiB")
+        key = device.strip()
+        limits[int(key) if key.isdigit() else key] = size.strip()
+    if not limits:
+        raise argparse.ArgumentTypeError("--max-memory needs at least one DEVICE=SIZE pair, e.g. 0=70GiB")
+    return limits
+
+
+def check_placement(args: argparse.Namespace) -> None:
+    """``--device-map`` replaces ``--device``; its limits and offload folder make sense only with it."""
+    device_map = getattr(args, "device_map", None)
+    if device_map is None:
+        if getattr(args, "max_memory", None) is not None or getattr(args, "offload_folder", None) is not None:
+            raise ModelLoadError("--max-memory and --offload-folder go with --device-map.")
+        return
+    if args.device != "cpu":
+        raise ModelLoadError("Give either --device or --device-map: a device map names the devices itself.")
+    if isinstance(device_map, dict) and "disk" in device_map.values() and args.offload_folder is None:
+        raise ModelLoadError("The device map sends modules to 'disk': add --offload-folder FOLDER.")
+
+
+def load_model_from_args(args: argparse.Namespace) -> Any:
+    """The model of ``--model``, on ``--device`` or spread by ``--device-map``, in ``--dtype``."""
     # imported on use: torch and the analyses take seconds to load; --help must not wait
     import torch
 
     import interp
 
-    model = interp.load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    device_map = getattr(args, "device_map", None)
+    if device_map is None:
+        return interp.load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    return interp.load_model(args.model, dtype=getattr(torch, args.dtype), device_map=device_map,
+                             max_memory=args.max_memory, offload_folder=args.offload_folder)
+
+
+def load_model_and_examples(args: argparse.Namespace, split: str = "eval") -> tuple[Any, Any]:
+    # imported on use: the analyses take seconds to load; --help must not wait
+    import interp
+
+    model = load_model_from_args(args)
     examples = interp.load_examples(args.data, model.tokenizer, n=args.n, seq_len=args.seq_len,
                                     seed=args.seed, split=split)
     return model, examples

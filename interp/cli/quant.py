@@ -29,6 +29,7 @@ from interp.cli.common import (
     command,
     did_you_mean,
     int_at_least,
+    load_model_from_args,
     set_threads,
     unknown_name,
 )
@@ -120,26 +121,26 @@ def _check_format(args: argparse.Namespace) -> None:
 
 @command("quantize", "quantize every block linear layer of a model and save the weights", _quantize_args)
 def cmd_quantize(args: argparse.Namespace) -> int:
-    import torch
-
-    import interp
     from interp.io import ensure_writable_dir
     from interp.quant.apply import quantize, save_quantized
+    from interp.quant.inplace import quantized_in_place
 
     spec = parse_spec(args.method)
     out = ensure_writable_dir(args.out)
-    model = interp.load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    model = load_model_from_args(args)
     calibration = _calibration(args, model, [spec])
-    qmodel = quantize(model, spec, calibration=calibration, progress=not args.quiet and None,
-                      batch_size=args.batch_size)
-    info = qmodel.quant_info
+    progress = not args.quiet and None
     if args.format == "compressed-tensors":
         from interp.quant.export import export_compressed_tensors
 
+        qmodel = quantize(model, spec, calibration=calibration, progress=progress, batch_size=args.batch_size)
+        info = qmodel.quant_info
         export_compressed_tensors(qmodel, model, out)
         saved = "config.json with a compressed-tensors quantization_config, model.safetensors, tokenizer"
-    else:
-        save_quantized(qmodel, out)
+    else:  # one copy of the weights: quantized in place, saved, and the reference put back (interp.quant.inplace)
+        with quantized_in_place(model, spec, calibration, progress=progress, batch_size=args.batch_size,
+                                stash_dir=out.parent) as info:
+            save_quantized(model, out, info=info)
         saved = "quantized.safetensors, quant.json"
     print(f"{info.spec}: {len(info.layer_seconds)} layers, {info.seconds_per_layer:.2f} s/layer. "
           f"Saved to {out}/ ({saved})")

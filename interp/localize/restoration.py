@@ -43,11 +43,13 @@ from interp.display import ResultDisplay
 from interp.errors import ComponentError, InterpError
 from interp.io import ensure_writable_dir
 from interp.runtime import hooks as hk
+from interp.runtime import placement
 from interp.runtime.batching import batches, check_context, device_of, show_progress
 from interp.runtime.capture import capture
 from interp.runtime.decoder import DecoderRunner
 from interp.runtime.readout import Readout
 from interp.runtime.scoring import nll
+from interp.runtime.swap import BlockWeights, WeightStash, swapped
 from interp.typing import PerExample
 
 
@@ -144,6 +146,8 @@ def restore_layers(quantized: Any, reference: Any, layers: Sequence[int], roles:
     layers = list(layers)
     layers = hk.check_layers(quantized, layers) if layers else []  # restoring no block is the quantized model
     checked = _check_roles(quantized, reference, layers, roles) if roles is not None else None
+    placement.refuse_offloaded(quantized, "restore_layers()", "Pass the quantized weights alone to "
+                               "restoration_sweep (interp.quant.inplace.SavedWeights): they are swapped in place.")
     restored = copy.deepcopy(quantized)
     with torch.no_grad():
         for layer in layers:
@@ -230,8 +234,12 @@ def restoration_sweep(
     """Perplexity with the reference weights restored in the top-k blocks, for each k.
 
     Args:
-        quantized: the damaged model (not modified).
-        reference: the model whose blocks are restored (not modified).
+        quantized: the damaged model (not modified), or its block weights alone (a
+            :class:`~interp.runtime.swap.BlockWeights` such as
+            :class:`interp.quant.inplace.SavedWeights`): then they are swapped into
+            ``reference`` block by block and no second copy of the model is held (see
+            :mod:`interp.runtime.swap`; this also runs on a model split by a ``device_map``).
+        reference: the model whose blocks are restored (not modified: bit-identical afterwards).
         examples: typically D_large.
         ks: numbers of blocks to restore (default ``0..n_layers``).
         order: the order in which blocks are restored (default: from the top down).
@@ -242,8 +250,10 @@ def restoration_sweep(
         A :class:`RestorationResult`; ``result.nll[i]`` equals
         ``interp.nll(restore_layers(quantized, reference, order[:ks[i]]), examples)``.
     """
-    n = hk.n_layers(quantized)
-    order = hk.check_layers(quantized, order if order is not None else range(n - 1, -1, -1))
+    in_place = not hasattr(quantized, "original_model") and hasattr(quantized, "block")
+    model = reference if in_place else quantized
+    n = hk.n_layers(model)
+    order = hk.check_layers(model, order if order is not None else range(n - 1, -1, -1))
     ks = sorted({validate.integer(k, "ks") for k in (ks if ks is not None else range(n + 1))})
     if not ks:
         raise InterpError(f"ks is empty: give the numbers of blocks to restore, e.g. [0, 1, {len(order)}], or None "
@@ -251,10 +261,29 @@ def restoration_sweep(
     if ks[0] < 0 or ks[-1] > len(order):
         raise InterpError(f"ks must lie in 0..{len(order)}; got {ks}.")
     restored = [sorted(order[:k]) for k in ks]
-    values, reference_nll = restored_nll(quantized, reference, examples, restored, batch_size, progress)
+    if in_place:
+        values, reference_nll = _restored_nll_in_place(quantized, reference, examples, restored, batch_size, progress)
+    else:
+        values, reference_nll = restored_nll(quantized, reference, examples, restored, batch_size, progress)
     settings = {"order": order, "batch_size": batch_size, "examples": dict(examples.settings)}
     return RestorationResult(ks=ks, restored=restored, nll=values, reference_nll=reference_nll,
                              ids=list(examples.ids), settings=settings)
+
+
+def _restored_nll_in_place(quantized: BlockWeights, reference: Any, examples: Examples,
+                           restored: Sequence[Sequence[int]], batch_size: int, progress: bool | None,
+                           ) -> tuple[Float[Tensor, "n_sets n_examples"], PerExample]:
+    """:func:`restored_nll` with one copy of the weights: for each set, the quantized weights go into
+    the blocks outside it (the set keeps the reference's) and the whole model runs; the reference after."""
+    check_context(reference, examples.tokens)
+    n = hk.n_layers(reference)
+    out = torch.empty(len(restored), len(examples), dtype=torch.float64)
+    with WeightStash(reference) as stash:
+        for i, layers in enumerate(restored):
+            kept = set(layers)
+            with swapped(reference, quantized, layers=[j for j in range(n) if j not in kept], stash=stash):
+                out[i] = nll(reference, examples, batch_size, progress=progress)
+    return out, nll(reference, examples, batch_size, progress=progress).double()
 
 
 def restored_nll(

@@ -51,8 +51,10 @@ from interp.data import Examples
 from interp.errors import InterpError, NonFiniteError, SpecError
 from interp.io import atomic_write_bytes, ensure_writable_dir
 from interp.quant.apply import model_hash, quantize_cached
+from interp.quant.inplace import cached_variant, variant
 from interp.quant.spec import MethodSpec, parse_spec
-from interp.runtime.batching import batches, check_examples, show_progress
+from interp.runtime import placement
+from interp.runtime.batching import batches, check_examples, device_of, show_progress
 from interp.runtime.scoring import (
     fast_forward,
     in_padded_layout,
@@ -64,6 +66,7 @@ from interp.runtime.scoring import (
     token_nll,
     token_nll_fn,
 )
+from interp.runtime.swap import WeightStash
 
 REFERENCE = "reference"
 STORE_FILE = "scores.sqlite"
@@ -468,7 +471,7 @@ def _run_pass(store: ScoreStore, key: str, spec: str, model: Any, reference: Any
         return
     rows = row_hashes(examples)
     score_batch = _scorer(model, reference)
-    device = next(model.original_model.parameters()).device
+    device = device_of(model)
     waiting = list(todo)
     while waiting:
         deferred = []
@@ -512,6 +515,25 @@ def _score_batch(store: ScoreStore, key: str, spec: str, score_batch: Any, examp
     except BaseException:
         store.release_lease(lease)
         raise
+
+
+def _score_spec(store: ScoreStore, key: str, spec: MethodSpec, reference: Any, examples: Examples,
+                todo: Sequence[tuple[int, int]], bar: Any, kl: bool, calibration: Examples | None, cache: Path,
+                progress: bool | None, stash: WeightStash) -> None:
+    """Score one spec's pending batches with its weights swapped into ``reference`` (one copy of the weights).
+
+    KL needs both models' logits in every batch, so it keeps a quantized copy beside the
+    reference (two copies of the weights; refused for a model with offloaded blocks).
+    """
+    if kl:
+        placement.refuse_offloaded(reference, "score(kl=True)", "Score without KL on a split model, or place every "
+                                   "block on a device (KL holds the reference and a quantized copy at once).")
+        qmodel = quantize_cached(reference, spec, calibration, cache_dir=cache, progress=progress)
+        _run_pass(store, key, str(spec), qmodel, reference, examples, todo, bar, need_kl=True)
+        return
+    folder = cached_variant(reference, spec, calibration, stash=stash, cache_dir=cache, progress=progress)
+    with variant(reference, folder, stash=stash, reference_hash=key):
+        _run_pass(store, key, str(spec), reference, None, examples, todo, bar)
 
 
 def score(
@@ -578,14 +600,12 @@ def score(
         bar = tqdm(total=sum(len(v) for v in plan.values()), desc="score", unit="batch",
                    disable=not show_progress(progress))
         _run_pass(st, key, REFERENCE, reference, None, examples, plan[REFERENCE], bar)
-        for spec in parsed:
-            if plan[str(spec)]:
-                bar.set_postfix_str(spec.method + str(spec.bits))
-                qmodel = quantize_cached(reference, spec, calibration if spec.needs_calibration else None,
-                                         cache_dir=cache, progress=progress)
-                _run_pass(st, key, str(spec), qmodel, reference if kl else None, examples, plan[str(spec)], bar,
-                          need_kl=kl)
-                del qmodel
+        with WeightStash(reference, st.folder) as stash:
+            for spec in parsed:
+                if plan[str(spec)]:
+                    bar.set_postfix_str(spec.method + str(spec.bits))
+                    _score_spec(st, key, spec, reference, examples, plan[str(spec)], bar, kl,
+                                calibration if spec.needs_calibration else None, cache, progress, stash)
         bar.close()
         return st.errors_frame(key, names, examples.ids, complete=False)
     finally:

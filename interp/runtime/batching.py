@@ -14,6 +14,7 @@ import torch
 
 from interp.data import Examples, tokenizer_fingerprint
 from interp.errors import DataError, InterpError, NonFiniteError, ResourceError
+from interp.runtime.placement import execution_device
 
 
 class StopForward(Exception):
@@ -158,7 +159,12 @@ def in_notebook() -> bool:
 
 
 def device_of(model: Any) -> torch.device:
-    """The device of a bridge's (or a plain module's) first parameter; CPU when it has none."""
+    """Where the model's inputs go: the device of a bridge's (or a plain module's) first parameter,
+    or, for a model split with accelerate's ``device_map``, the execution device of its first
+    module (whose weights may be offloaded); CPU when it has none."""
+    placed = execution_device(model)
+    if placed is not None:
+        return placed
     try:
         return next(getattr(model, "original_model", model).parameters()).device
     except (AttributeError, StopIteration):
