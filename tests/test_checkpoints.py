@@ -157,3 +157,24 @@ def test_an_unsupported_variant_is_a_clear_error(model, tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="holds no quantized weights"):
         interp.load_model(folder)
+
+
+def test_cli_scores_a_checkpoint_folder_against_its_reference(model, tmp_path, capsys):
+    import pandas as pd
+
+    from interp.cli.main import main
+    from interp.quant.export import export_compressed_tensors
+
+    reference = export_hf(model, tmp_path / "reference")
+    qmodel = quantize(model, "rtn:bits=3,group=32", progress=False)
+    shipped = export_compressed_tensors(qmodel, model, tmp_path / "rtn3-ct")
+    out = tmp_path / "scores"
+    assert main(["score", "--model", str(reference), "--methods", f"rtn:bits=3,group=32;{shipped}", "--n", "4",
+                 "--seq-len", "16", "--out", str(out), "--quiet"]) == 0
+    errors = pd.read_csv(out / "errors.csv", index_col="example")
+    assert list(errors.columns) == ["rtn:bits=3,group=32,zero=float", "checkpoint:rtn3-ct"]
+    # the shipped checkpoint is the same rtn3 model (float zero-points: weights within a few float32 roundings),
+    # so its per-example errors equal the spec's to the 1e-4 the project allows two float32 evaluations
+    assert float((errors.iloc[:, 0] - errors.iloc[:, 1]).abs().max()) <= 1e-4
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["checkpoints"]["checkpoint:rtn3-ct"]["format"] == "compressed-tensors"

@@ -49,8 +49,26 @@ def check_spec(text: str) -> Any:
     return parse_spec(text)
 
 
+def split_checkpoints(text: str) -> tuple[str, list[str]]:
+    """``(specs, paths)``: the ``--methods`` items that name a quantized checkpoint (an existing folder, or a
+    ``.gguf`` file) apart from the method specs, which stay in one text."""
+    specs, paths = [], []
+    for item in text.replace(";", " ").split():
+        path = Path(item).expanduser()
+        if path.is_dir() or item.endswith(".gguf"):
+            if not path.exists():
+                raise SpecError(f"checkpoint {item} does not exist.")
+            paths.append(item)
+        else:
+            specs.append(item)
+    return ";".join(specs), paths
+
+
 def parse_spec_list(text: str) -> list[Any]:
-    """Every spec of a list (see :func:`~interp.quant.spec.split_specs`), checked; at least one."""
+    """Every spec of a list (see :func:`~interp.quant.spec.split_specs`), checked; at least one spec or checkpoint."""
+    text, checkpoints = split_checkpoints(text)
+    if checkpoints and not text.strip():
+        return []
     for item in text.replace(";", " ").replace(",", " ").split():
         if ":" in item and item.split(":", 1)[0].strip().lower() not in METHODS:
             check_spec(item)  # an unknown method after a comma would otherwise read as an option
@@ -155,7 +173,9 @@ def _score_args(p: argparse.ArgumentParser) -> None:
     _common_quant_args(p)
     p.add_argument("--methods", default=DEFAULT_SPECS, type=spec_list_type,
                    help=_specs_help("method specs separated by ';' or spaces, or by ',' before a method name "
-                                    "(e.g. 'rtn:bits=3,group=64,gptq:bits=3')"))
+                                    "(e.g. 'rtn:bits=3,group=64,gptq:bits=3'), and/or paths of quantized "
+                                    "checkpoints (compressed-tensors, GPTQ or AWQ folders, .gguf files) to score "
+                                    "against --model"))
     p.add_argument("--kl", action="store_true", help="also store KL(p_ref || p_quant) (about 2x slower)")
     p.add_argument("--out", default="reports/quant", help="output folder (store, CSVs, quantized cache)")
     add_checks(p, check_out, _check_store, set_threads)
@@ -182,17 +202,49 @@ def cmd_score(args: argparse.Namespace) -> int:
     from interp.quant.outputs import score_summary, write_score_outputs
     from interp.quant.store import score
 
-    specs = [parse_spec(s) for s in split_specs(args.methods)]
+    spec_text, checkpoints = split_checkpoints(args.methods)
+    specs = [parse_spec(s) for s in split_specs(spec_text)]
     out = ensure_writable_dir(args.out)
     start = time.time()
     model, examples = load_model_and_examples(args)
-    calibration = _calibration(args, model, specs)
-    errors = score(model, specs, examples, store=out, calibration=calibration, batch_size=args.batch_size,
-                   kl=args.kl, progress=not args.quiet and None)
+    calibration = _calibration(args, model, specs) if specs else None
+    if specs:
+        errors = score(model, specs, examples, store=out, calibration=calibration, batch_size=args.batch_size,
+                       kl=args.kl, progress=not args.quiet and None)
+    else:
+        import pandas as pd
+
+        errors = pd.DataFrame(index=pd.Index(examples.ids, name="example"))
+    shipped = _score_checkpoints(model, examples, checkpoints, args.batch_size, errors)
     write_score_outputs(out, args.model, model, examples, calibration, specs, errors, args.batch_size, args.kl,
-                        dtype=args.dtype)
+                        dtype=args.dtype, checkpoints=shipped)
     print(score_summary(out, errors, examples, len(specs), time.time() - start))
     return 0
+
+
+def _score_checkpoints(model: Any, examples: Any, paths: list[str], batch_size: int, errors: Any) -> dict[str, Any]:
+    """Add a column ``checkpoint:<folder name>`` to ``errors`` per checkpoint: NLL(checkpoint) - NLL(model).
+
+    Not kept in the resumable store (its keys are method specs): a rerun recomputes these columns.
+    """
+    import interp
+
+    if not paths:
+        return {}
+    reference = interp.nll(model, examples, batch_size=batch_size).double().numpy()
+    described = {}
+    for path in paths:
+        shipped = interp.load_model(path)
+        if shipped.tokenizer.get_vocab() != model.tokenizer.get_vocab():
+            raise InterpError(f"checkpoint {path} has another tokenizer than --model {model.info.name}: its errors "
+                              "against that reference would compare different token sequences.")
+        name = f"checkpoint:{Path(path).name}"
+        errors[name] = interp.nll(shipped, examples, batch_size=batch_size).double().numpy() - reference
+        info = getattr(shipped, "checkpoint_info", None)
+        described[name] = {"path": str(Path(path).resolve()),
+                           **(info.to_dict() if info is not None else {"format": "gguf" if path.endswith(".gguf")
+                                                                        else "dense"})}
+    return described
 
 
 # ---------------------------------------------------------------------------------------
