@@ -1,0 +1,617 @@
+"""The confirmatory reproduction: pre-registered, on held-out documents, over several calibrated instances.
+
+The default report is *exploratory*: its examples were looked at while its criteria were written,
+and its D_large is chosen and measured on one quantized model. This module runs the *confirmatory*
+protocol that a referee asks for, fixed in a pre-registration file committed before the data:
+
+1. **Pre-registration.** ``docs/preregistration/<name>.json`` states the model, the data split, n,
+   the calibrated instances, the selection rule, the analysis choices, and the fingerprint of every
+   claim's criterion (:func:`criteria_fingerprint`). A run refuses to start when the criteria in the
+   code no longer match the file, and its results carry the file's SHA-256.
+2. **Held-out documents** (:func:`heldout_examples`): evaluation-split documents that no earlier
+   run used. Every earlier run drew its examples as a prefix of the seed-0 order of the eligible
+   documents at some sequence length; the first ``exclude_prefix`` documents of that order at each
+   of ``exclude_seq_lens`` are removed, and ``n`` are drawn from the rest with the file's seed.
+3. **Instances.** Each calibrated method (GPTQ-3, AWQ-3) is quantized several times, each time
+   with a different calibration sample (``calibration_seeds``). The calibration-free methods need
+   one instance each.
+4. **Selection apart from measurement.** D_large and D_ctrl are picked from instance 0's error of
+   the patched method; patching, restoration, early exit and the reversal are measured on the other
+   instances, whose weights never saw that selection.
+5. **Intervals over instances and examples** (:func:`hierarchical`): each resample draws instances
+   with replacement, then examples within each drawn instance, and averages the statistic over the
+   drawn instances. Agreement resamples which instance of each calibrated method enters a pair.
+
+The run (:func:`run`) writes raw per-example data as it goes (parquet and JSON, resumable after a
+kill at the granularity of one scored model or one localization step); the analysis
+(:func:`analyse`) is cheap and reads only those files, so its numbers can be recomputed from the
+committed data. ``python -m interp.report.confirm PREREG --out DIR`` runs both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from interp import stats
+from interp.data import Examples, load_examples
+from interp.errors import InterpError
+from interp.io import write_json
+from interp.localize.patching import gate_input_vs_gate_weights, patching_table
+from interp.localize.restoration import restoration_sweep
+from interp.localize.tuned_lens import tuned_early_exit, tuned_lens_cached
+from interp.models import cache_dir, load_model
+from interp.probes import probe
+from interp.quant import protocol as pr
+from interp.quant.analysis import reversal, split_large_ctrl
+from interp.quant.apply import quantize_cached
+from interp.quant.spec import parse_spec
+from interp.report import reproduction as rp
+from interp.runtime.batching import batches
+from interp.runtime.scoring import token_nll_fn
+from interp.stats import Estimate
+
+REPO = Path(__file__).resolve().parents[2]  # interp/report/confirm.py -> the checkout
+PREREG_DIR = REPO / "docs" / "preregistration"
+STRONG, WEAK = ("down", "gate"), ("up", "attn_out")
+
+
+# ---------------------------------------------------------------------------------------
+# The pre-registration
+
+
+def criteria_fingerprint() -> str:
+    """SHA-256 of every claim's statistic and criterion text and of the rule constants (levels, thresholds).
+
+    Any change to how a claim is judged changes this value, so a pre-registration pins the rules.
+    """
+    def numeric(value: Any) -> bool:
+        if isinstance(value, dict):
+            return all(isinstance(v, (int, float)) for v in value.values())
+        return isinstance(value, (int, float, tuple)) and not isinstance(value, bool)
+
+    constants = {k: getattr(rp, k) for k in sorted(dir(rp)) if k.isupper() and numeric(getattr(rp, k))}
+    claims = [(c.key, c.statistic, c.criterion) for c in rp.CLAIMS.values()]
+    text = json.dumps({"claims": claims, "constants": constants}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Preregistration:
+    """The fixed plan of a confirmatory run (see the module docstring); loaded from its JSON file."""
+
+    name: str
+    model: str
+    data: str
+    n: int
+    seq_len: int
+    seed: int
+    calibration_n: int
+    calibration_seeds: tuple[int, ...]
+    free_specs: tuple[str, ...]
+    calibrated_specs: tuple[str, ...]
+    patched_spec: str
+    exclude_seq_lens: tuple[int, ...]
+    exclude_prefix: int
+    top: float
+    min_d_large: int
+    n_boot: int
+    restoration_null_draws: int
+    split_fractions: tuple[float, ...]
+    batch_size: int
+    criteria: str
+    sha256: str = ""
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Preregistration":
+        raw = Path(path).read_bytes()
+        try:
+            d = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InterpError(f"{path} is not a pre-registration JSON file ({exc}).") from None
+        fields = [f for f in cls.__dataclass_fields__ if f != "sha256"]
+        missing = [f for f in fields if f not in d]
+        if missing:
+            raise InterpError(f"{path} lacks the pre-registration field(s) {', '.join(missing)}.")
+        values = {f: tuple(d[f]) if isinstance(d[f], list) else d[f] for f in fields}
+        p = cls(**values, sha256=hashlib.sha256(raw).hexdigest())
+        if len(p.calibration_seeds) < 3:
+            raise InterpError("A confirmatory run needs at least 3 calibrated instances (calibration_seeds).")
+        if str(parse_spec(p.patched_spec)) not in {str(parse_spec(s)) for s in p.calibrated_specs}:
+            raise InterpError("patched_spec must be one of calibrated_specs (it is selected on one instance and "
+                              "measured on the others).")
+        return p
+
+    def check_criteria(self) -> None:
+        """Refuse to run when the claims' rules changed after the pre-registration."""
+        now = criteria_fingerprint()
+        if now != self.criteria:
+            raise InterpError(f"The claims' criteria changed after pre-registration {self.name} (registered "
+                              f"{self.criteria[:12]}, now {now[:12]}): a confirmatory run must use the registered "
+                              "rules. Register a new file instead of editing this one.")
+
+
+def heldout_examples(tokenizer: Any, p: Preregistration) -> Examples:
+    """``p.n`` evaluation-split examples from documents no earlier run used (see the module docstring)."""
+    used: set[str] = set()
+    for seq_len in p.exclude_seq_lens:
+        try:
+            earlier = load_examples(p.data, tokenizer, n=None, seq_len=seq_len, seed=0, split="eval")
+        except InterpError:
+            continue
+        used.update(earlier.ids[:p.exclude_prefix])
+    pool = load_examples(p.data, tokenizer, n=None, seq_len=p.seq_len, seed=p.seed, split="eval")
+    keep = [i for i, doc in enumerate(pool.ids) if doc not in used]
+    if len(keep) < p.n:
+        raise InterpError(f"Only {len(keep)} held-out documents of {p.seq_len} tokens remain; the pre-registration "
+                          f"asks for {p.n}.")
+    chosen = pool.subset(keep[:p.n])  # the pool is already in the seed's random order
+    chosen.settings.update({"split": "heldout", "excluded": len(used), "exclude_seq_lens": list(p.exclude_seq_lens),
+                            "exclude_prefix": p.exclude_prefix})
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------
+# The run: raw per-example data, written as it goes
+
+
+def _label(spec: str, instance: int | None) -> str:
+    return str(parse_spec(spec)) + ("" if instance is None else f"#{instance}")
+
+
+def _token_nll(model: Any, examples: Examples, batch_size: int) -> np.ndarray:
+    score = token_nll_fn(model)
+    rows = []
+    with torch.no_grad():
+        for start, end in batches(len(examples), batch_size):
+            rows.append(score(examples.tokens[start:end]).double().cpu().numpy())
+    return np.concatenate(rows)
+
+
+class _Folder:
+    """The run's output folder: one file per finished step, so a killed run resumes where it stopped."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        (out / "token_nll").mkdir(parents=True, exist_ok=True)
+        (out / "localize").mkdir(parents=True, exist_ok=True)
+
+    def token_path(self, label: str) -> Path:
+        return self.out / "token_nll" / (hashlib.sha256(label.encode()).hexdigest()[:16] + ".parquet")
+
+    def save_tokens(self, label: str, values: np.ndarray, ids: list[str]) -> None:
+        frame = pd.DataFrame(values.astype(np.float64), index=ids, columns=[f"t{j}" for j in range(values.shape[1])])
+        frame.attrs = {}
+        tmp = self.token_path(label).with_suffix(".tmp")
+        frame.assign(label=label).to_parquet(tmp)
+        tmp.replace(self.token_path(label))
+
+    def tokens(self, label: str) -> np.ndarray:
+        frame = pd.read_parquet(self.token_path(label))
+        return frame.drop(columns="label").to_numpy(dtype=np.float64)
+
+    def step(self, name: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        path = self.out / "localize" / f"{name}.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        result = compute()
+        write_json(path, result)
+        return result
+
+
+def _arrays(values: torch.Tensor) -> list[float]:
+    return [float(v) for v in values.double().cpu().reshape(-1)]
+
+
+def run(p: Preregistration, out: str | Path, progress: bool | None = None) -> Path:
+    """Compute (or resume) every raw measurement of the confirmatory protocol into ``out``."""
+    p.check_criteria()
+    folder = _Folder(Path(out))
+    model = load_model(p.model)
+    examples = heldout_examples(model.tokenizer, p)
+    write_json(folder.out / "examples.json", {"ids": list(examples.ids), "settings": examples.settings,
+                                              "vocab": int(model.cfg.d_vocab), "preregistration": p.name,
+                                              "preregistration_sha256": p.sha256})
+    bs = p.batch_size
+    calibrations = [load_examples(p.data, model.tokenizer, n=p.calibration_n, seq_len=p.seq_len, seed=s,
+                                  split="calibration") for s in p.calibration_seeds]
+    todo: list[tuple[str, str, int | None]] = [("reference", "reference", None)]
+    todo += [(_label(s, None), s, None) for s in p.free_specs]
+    todo += [(_label(s, i), s, i) for i in range(len(p.calibration_seeds)) for s in p.calibrated_specs]
+    for label, spec, instance in todo:
+        if folder.token_path(label).exists():
+            continue
+        if spec == "reference":
+            values = _token_nll(model, examples, bs)
+        else:
+            cal = calibrations[instance] if instance is not None else None
+            quantized = quantize_cached(model, spec, cal, cache_dir=cache_dir() / "quantized", progress=progress,
+                                        batch_size=bs)
+            values = _token_nll(quantized, examples, bs)
+            del quantized
+            gc.collect()
+        folder.save_tokens(label, values, list(examples.ids))
+    folder.step("norms", lambda: _norms(model, examples, bs, progress))
+    errors = _errors(folder, p, examples)
+    split = split_large_ctrl(errors[_label(p.patched_spec, 0)], examples, top=p.top, seed=p.seed)
+    write_json(folder.out / "split.json", {"large": split.large_ids, "ctrl": split.ctrl_ids,
+                                           "dropped": split.dropped_ids, "selected_on": _label(p.patched_spec, 0)})
+    if len(split.large) < p.min_d_large:
+        raise InterpError(f"D_large holds {len(split.large)} examples after deduplication; the pre-registration "
+                          f"asks for at least {p.min_d_large}.")
+    lens = tuned_lens_cached(model, calibrations[0], cache_dir() / "tuned_lens", batch_size=bs, progress=progress)
+    for instance in range(1, len(p.calibration_seeds)):
+        _localize(folder, p, model, split, calibrations[instance], instance, lens, progress)
+    return folder.out
+
+
+def _norms(model: Any, examples: Examples, bs: int, progress: bool | None) -> dict[str, Any]:
+    result = probe(model, examples, ["resid_mid"], ["norm"], batch_size=bs, exclude_bos=True, progress=progress)
+    norms = result["resid_mid", "norm"].double().numpy()
+    return {"layers": [int(x) for x in result.layers], "norms": norms.tolist()}
+
+
+def _localize(folder: _Folder, p: Preregistration, model: Any, split: Any, calibration: Examples, instance: int,
+              lens: Any, progress: bool | None) -> None:
+    bs = p.batch_size
+    loaded: dict[str, Any] = {}
+
+    def quantized() -> Any:
+        if "model" not in loaded:
+            loaded["model"] = quantize_cached(model, p.patched_spec, calibration, cache_dir=cache_dir() / "quantized",
+                                              progress=progress, batch_size=bs)
+        return loaded["model"]
+
+    def patching() -> dict[str, Any]:
+        result = patching_table(model, quantized(), split.large, batch_size=bs, progress=progress)
+        gate = gate_input_vs_gate_weights(model, quantized(), split.large, batch_size=bs, progress=progress)
+        return {"target": _arrays(result.target), "source": _arrays(result.source),
+                "patched": {pt.component: _arrays(result.values[i]) for i, pt in enumerate(result.patches)},
+                "gate_input": _arrays(gate.patched.values[0]), "gate_weights_restored": _arrays(gate.restored_nll)}
+
+    def restoration() -> dict[str, Any]:
+        n_layers = model.info.n_layers
+        k = max(1, round(n_layers * 7 / 40))
+        rng = np.random.default_rng(p.seed + instance)
+        orders = {"top": list(range(n_layers - 1, -1, -1)), "bottom": list(range(n_layers))}
+        orders.update({f"random{d}": [int(x) for x in rng.permutation(n_layers)]
+                       for d in range(p.restoration_null_draws)})
+        out: dict[str, Any] = {"k": k}
+        for name, order in orders.items():
+            result = restoration_sweep(quantized(), model, split.large, ks=[0, k], order=order, batch_size=bs,
+                                       progress=progress)
+            out[name] = {"layers": result.restored[1], "nll_k": _arrays(result.nll[1])}
+            out["quantized"], out["reference"] = _arrays(result.nll[0]), _arrays(result.reference_nll)
+        return out
+
+    def early_exit() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, m in (("reference", model), ("quantized", quantized())):
+            for set_name, ex in (("large", split.large), ("ctrl", split.ctrl)):
+                r = tuned_early_exit(m, lens, ex, batch_size=bs)
+                out[f"{name}/{set_name}"] = r.nll.double().numpy().tolist()
+                out["layers"] = [int(x) for x in r.layers]
+        return out
+
+    def reversal_step() -> dict[str, Any]:
+        rev = reversal(model, {p.patched_spec: quantized()}, split.large, split.ctrl, batch_size=bs, n_boot=p.n_boot,
+                       seed=p.seed, progress=progress)
+        return {"mse": rev.mse.to_dict(orient="list"), "per_example": rev.per_example.to_dict(orient="list"),
+                "outliers": rev.outliers.to_dict(orient="list")}
+
+    folder.step(f"patching#{instance}", patching)
+    folder.step(f"restoration#{instance}", restoration)
+    folder.step(f"early_exit#{instance}", early_exit)
+    folder.step(f"reversal#{instance}", reversal_step)
+    loaded.clear()
+    gc.collect()
+
+
+def _errors(folder: _Folder, p: Preregistration, examples: Examples) -> pd.DataFrame:
+    ref = folder.tokens("reference").mean(axis=1)
+    labels = [_label(s, None) for s in p.free_specs]
+    labels += [_label(s, i) for i in range(len(p.calibration_seeds)) for s in p.calibrated_specs]
+    return pd.DataFrame({lab: folder.tokens(lab).mean(axis=1) - ref for lab in labels}, index=list(examples.ids))
+
+
+# ---------------------------------------------------------------------------------------
+# The analysis: hierarchical bootstrap over instances and examples
+
+
+def hierarchical(per_instance: Sequence[Any], statistic: Callable[[Any, np.ndarray], float], n_boot: int,
+                 seed: int) -> Estimate:
+    """A statistic averaged over instances, with a two-level bootstrap interval.
+
+    Each resample draws as many instances as there are, with replacement, then resamples the
+    examples of each drawn instance (``statistic(data, rows)``), and averages. The point estimate
+    is the mean of the statistic over instances on all their examples.
+    """
+    rng = np.random.default_rng(seed)
+    sizes = [_size(d) for d in per_instance]
+    point = float(np.mean([statistic(d, np.arange(n)) for d, n in zip(per_instance, sizes, strict=True)]))
+    boot = np.empty(n_boot)
+    for b in range(n_boot):
+        drawn = rng.integers(0, len(per_instance), size=len(per_instance))
+        boot[b] = np.mean([statistic(per_instance[i], rng.integers(0, sizes[i], size=sizes[i])) for i in drawn])
+    return pr.estimate(point, boot, int(sum(sizes)))
+
+
+def _size(data: Any) -> int:
+    return len(data["target"]) if "target" in data else len(data["quantized"]) if "quantized" in data else \
+        len(next(iter(data.values())))
+
+
+def _recovery(data: dict[str, Any], name: str, rows: np.ndarray, scale: str = "nll") -> float:
+    f = np.exp if scale == "ppl" else (lambda v: v)
+    t, s = f(np.asarray(data["target"])[rows].mean()), f(np.asarray(data["source"])[rows].mean())
+    v = f(np.asarray(data["patched"][name])[rows].mean())
+    return float((t - v) / (t - s))
+
+
+def _patch_claims(patching: list[dict[str, Any]], n_boot: int, seed: int) -> tuple[dict[str, rp.Measurement],
+                                                                                    pd.DataFrame]:
+    claims, rows = {}, []
+    for component in STRONG + WEAK:
+        strong = component in STRONG
+        others = WEAK if strong else STRONG
+
+        def margin(d: dict[str, Any], r: np.ndarray, c: str = component, o: tuple = others, s: bool = strong) -> float:
+            mine, rest = _recovery(d, c, r), [_recovery(d, x, r) for x in o]
+            return mine - max(rest) if s else min(rest) - mine
+
+        est = hierarchical(patching, lambda d, r, c=component: _recovery(d, c, r), n_boot, seed)
+        ppl = hierarchical(patching, lambda d, r, c=component: _recovery(d, c, r, "ppl"), n_boot, seed)
+        m = hierarchical(patching, margin, n_boot, seed)
+        per = [_recovery(d, component, np.arange(_size(d))) for d in patching]
+        claims[f"patch_{component}"] = rp.Measurement(
+            {"recovery": est, "margin": m},
+            f"{est.text(percent=True)} on NLL ({ppl.text(percent=True)} on perplexity); margin to {'/'.join(others)} "
+            f"{m.text(percent=True)}; per instance {', '.join(f'{100 * v:.0f}%' for v in per)}")
+        rows.append({"component": component, "recovery_nll": est.value, "low": est.low, "high": est.high,
+                     "recovery_ppl": ppl.value, "ppl_low": ppl.low, "ppl_high": ppl.high, "margin": m.value,
+                     "margin_low": m.low, "margin_high": m.high, **{f"instance{i + 1}": v for i, v in enumerate(per)}})
+
+    def gate_diff(d: dict[str, Any], r: np.ndarray) -> float:
+        return float((np.asarray(d["gate_weights_restored"])[r] - np.asarray(d["gate_input"])[r]).mean())
+
+    diff = hierarchical(patching, gate_diff, n_boot, seed)
+    claims["gate_input"] = rp.Measurement({"diff": diff}, f"NLL with the gate weights restored minus with the gate "
+                                                          f"input patched: {diff.text(3)}")
+    return claims, pd.DataFrame(rows)
+
+
+def _restoration_claims(restoration: list[dict[str, Any]], n_boot: int, seed: int
+                        ) -> tuple[dict[str, rp.Measurement], pd.DataFrame]:
+    def recovery(name: str, scale: str = "nll") -> Callable[[dict[str, Any], np.ndarray], float]:
+        def stat(d: dict[str, Any], r: np.ndarray) -> float:
+            f = np.exp if scale == "ppl" else (lambda v: v)
+            q, ref = f(np.asarray(d["quantized"])[r].mean()), f(np.asarray(d["reference"])[r].mean())
+            return float((q - f(np.asarray(d[name]["nll_k"])[r].mean())) / (q - ref))
+        return stat
+
+    names = [k for k in restoration[0] if k not in ("k", "quantized", "reference")]
+    rows = []
+    for name in names:
+        est = hierarchical(restoration, recovery(name), n_boot, seed)
+        ppl = hierarchical(restoration, recovery(name, "ppl"), n_boot, seed)
+        rows.append({"layers restored": name, "recovery_nll": est.value, "low": est.low, "high": est.high,
+                     "recovery_ppl": ppl.value, "ppl_low": ppl.low, "ppl_high": ppl.high})
+    table = pd.DataFrame(rows)
+    top = table.set_index("layers restored").loc["top"]
+    est = Estimate(float(top["recovery_nll"]), float(top["low"]), float(top["high"]))
+    randoms = table[table["layers restored"].str.startswith("random")]
+    k = restoration[0]["k"]
+    text = (f"top {k}: {est.text(percent=True)} on NLL ({100 * top['recovery_ppl']:.0f}% on perplexity); controls: bottom "
+            f"{k} {100 * table.set_index('layers restored').loc['bottom', 'recovery_nll']:.0f}%, {len(randoms)} draws of "
+            f"{k} random layers {100 * randoms['recovery_nll'].min():.0f}% to {100 * randoms['recovery_nll'].max():.0f}%")
+    return {"restoration": rp.Measurement({"recovery": est}, text)}, table
+
+
+def _early_exit_claims(early: list[dict[str, Any]], n_layers: int, vocab: int, fractions: Sequence[float],
+                       n_boot: int, seed: int) -> tuple[dict[str, rp.Measurement], pd.DataFrame]:
+    layers = early[0]["layers"]
+    ref_all = np.concatenate([np.asarray(d["reference/large"]) for d in early], axis=1)
+    usable = ref_all.mean(axis=1) < math.log(vocab)
+    keep = np.flatnonzero(usable)
+    rows = []
+    claims: dict[str, rp.Measurement] = {}
+
+    def share(fraction: float, contrast: bool) -> Callable[[dict[str, Any], np.ndarray], float]:
+        def stat(d: dict[str, Any], r: np.ndarray) -> float:
+            gap = (np.asarray(d["quantized/large"])[:, r].mean(axis=1) - np.asarray(d["reference/large"])[:, r]
+                   .mean(axis=1))
+            if contrast:  # D_ctrl resampled with the same indices, cut to its own size
+                rc = r[r < np.asarray(d["reference/ctrl"]).shape[1]]
+                gap = gap - (np.asarray(d["quantized/ctrl"])[:, rc].mean(axis=1)
+                             - np.asarray(d["reference/ctrl"])[:, rc].mean(axis=1))
+            split = pr.split_index(gap[keep], fraction)
+            return (n_layers - layers[int(keep[split])]) / n_layers
+        return stat
+
+    early_sized = [{**d, "target": np.asarray(d["reference/large"])[0]} for d in early]
+    for fraction in fractions:
+        for contrast in (False, True):
+            est = hierarchical(early_sized, share(fraction, contrast), n_boot, seed)
+            rows.append({"fraction": fraction, "statistic": "D_large - D_ctrl gap" if contrast else "D_large gap",
+                         "share": est.value, "low": est.low, "high": est.high})
+            if fraction == 0.5 and not contrast:
+                first = int(layers[int(keep[0])]) if keep.size else -1
+                claims["early_exit_tuned"] = rp.Measurement(
+                    {"share_after_split": est},
+                    f"share of layers after the split {est.text(percent=True)} (tuned lens; informative from layer "
+                    f"{first}; per instance, selection on instance 0)")
+    return claims, pd.DataFrame(rows)
+
+
+def analyse(p: Preregistration, out: str | Path) -> dict[str, Any]:
+    """Every claim's measurement and verdict from the raw files in ``out``, plus the control tables."""
+    folder = _Folder(Path(out))
+    meta = json.loads((folder.out / "examples.json").read_text())
+    ids = meta["ids"]
+    ex_index = pd.Index(ids)
+    errors = _errors(folder, p, Examples.from_tokens(torch.zeros(len(ids), 2, dtype=torch.long), ids=ids))
+    n_inst = len(p.calibration_seeds)
+    free = [_label(s, None) for s in p.free_specs]
+    cal = {str(parse_spec(s)): [_label(s, i) for i in range(n_inst)] for s in p.calibrated_specs}
+    names = free + list(cal)
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    data = errors.to_numpy(dtype=np.float64)
+    col = {c: i for i, c in enumerate(errors.columns)}
+    rng = np.random.default_rng(p.seed)
+    k = stats.top_count(len(ids), 0.10)
+
+    def columns(choice: dict[str, int]) -> list[int]:
+        return [col[n] if n in col else col[cal[n][choice[n]]] for n in names]
+
+    def pair_stats(rows: np.ndarray, choice: dict[str, int]) -> tuple[float, float]:
+        sub = data[np.ix_(rows, columns(choice))]
+        r = np.corrcoef(sub, rowvar=False)
+        tops = [set(rows[np.argsort(-sub[:, j], kind="stable")[:k]].tolist()) for j in range(sub.shape[1])]
+        idx = {n: j for j, n in enumerate(names)}
+        return (float(np.mean([r[idx[a], idx[b]] for a, b in pairs])),
+                float(np.mean([stats.jaccard(tops[idx[a]], tops[idx[b]]) for a, b in pairs])))
+
+    everything = np.arange(len(ids))
+    combos = [dict(zip(cal, c, strict=True)) for c in np.ndindex(*(n_inst,) * len(cal))]
+    point = np.mean([pair_stats(everything, c) for c in combos], axis=0)
+    boot = np.array([pair_stats(rng.integers(0, len(ids), len(ids)), {n: int(rng.integers(0, n_inst)) for n in cal})
+                     for _ in range(p.n_boot)])
+    agreement = pr.estimate(float(point[0]), boot[:, 0], len(ids))
+    jaccard = pr.estimate(float(point[1]), boot[:, 1], len(ids))
+    self_agree = {n: pr.self_agreement({lab: errors[lab].to_numpy() for lab in labs}, n_boot=p.n_boot, seed=p.seed)
+                  for n, labs in cal.items()}
+    self_text = "; ".join(f"{parse_spec(n).method.upper()}-3 with itself across {n_inst} calibration samples "
+                          f"{v['pearson'].text()}" for n, v in self_agree.items())
+    claims: dict[str, rp.Measurement] = {
+        "agreement": rp.Measurement({"pearson": agreement}, f"{agreement.text()} over {len(pairs)} 3-bit pairs "
+                                                            f"(instances resampled); {self_text}"),
+        "jaccard_top10": rp.Measurement({"jaccard": jaccard, "chance": Estimate(stats.expected_random_jaccard(
+            len(ids), k))}, f"{jaccard.text()} (chance {stats.expected_random_jaccard(len(ids), k):.3f})"),
+    }
+    token_errors = {n: folder.tokens(n if n in col else cal[n][0]) - folder.tokens("reference") for n in names}
+    ceiling = pr.noise_ceiling(token_errors, pairs, n_boot=p.n_boot, seed=p.seed)
+    above = int((ceiling.pairs["disattenuated"] > 1).sum())
+    claims["agreement_disattenuated"] = rp.Measurement(
+        {"pearson": ceiling.mean_disattenuated, "ceiling": ceiling.min_half_reliability},
+        f"{ceiling.mean_disattenuated.text()} on disjoint tokens, instance 0 (observed {ceiling.mean_observed.text()}; "
+        f"{above} of {len(pairs)} pairs above 1; smallest half-length reliability "
+        f"{ceiling.min_half_reliability.text()})")
+    norms = folder.step("norms", dict)
+    last = np.asarray(norms["norms"][-1], dtype=np.float64)
+
+    def norm_r(rows: np.ndarray, choice: dict[str, int]) -> float:
+        sub = data[np.ix_(rows, columns(choice))]
+        return float(np.mean([stats._rowwise_pearson(last[rows][None], sub[:, j][None])[0]
+                              for j in range(sub.shape[1])]))
+
+    r_point = float(np.mean([norm_r(everything, c) for c in combos]))
+    r_boot = np.array([norm_r(rng.integers(0, len(ids), len(ids)), {n: int(rng.integers(0, n_inst)) for n in cal})
+                       for _ in range(p.n_boot)])
+    r3 = pr.estimate(r_point, r_boot, len(ids))
+    claims["norm_error"] = rp.Measurement({"r_3bit": r3}, f"{r3.text()} at layer {norms['layers'][-1]} over "
+                                                          f"{len(names)} 3-bit methods, all {len(ids)} examples")
+    measured = range(1, n_inst)
+    patching = [folder.step(f"patching#{i}", dict) for i in measured]
+    restoration = [folder.step(f"restoration#{i}", dict) for i in measured]
+    early = [folder.step(f"early_exit#{i}", dict) for i in measured]
+    revs = [folder.step(f"reversal#{i}", dict) for i in measured]
+    patch_claims, patch_table = _patch_claims(patching, p.n_boot, p.seed)
+    rest_claims, rest_table = _restoration_claims(restoration, p.n_boot, p.seed)
+    n_layers = len(norms["layers"])
+    vocab = int(meta.get("vocab", 49152))
+    ee_claims, ee_table = _early_exit_claims(early, n_layers, vocab, p.split_fractions, p.n_boot, p.seed)
+    claims.update(patch_claims | rest_claims | ee_claims)
+    claims.update(_reversal_claims(revs, n_layers, p))
+    claims["early_exit_logit"] = rp.Measurement(untestable="not pre-registered for the confirmatory run: the logit lens "
+                                                           "is uninformative below layer 25 of 30 on SmolLM2 (exploratory "
+                                                           "run), so the tuned lens carries the claim")
+    for key in ("saobp_inference", "saobp_training_entropy", "saobp_training_loss", "saobp_training_gtd"):
+        claims[key] = rp.Measurement(untestable="not part of the quantization confirmatory run (model-independent "
+                                                "training logs, counted once in the exploratory column)")
+    table = rp.reproduction_frame(claims)
+    return {"preregistration": p.name, "preregistration_sha256": p.sha256, "criteria": p.criteria,
+            "n": len(ids), "d_large": len(json.loads((folder.out / "split.json").read_text())["large"]),
+            "instances": n_inst, "reproduction": table, "controls_restoration": rest_table,
+            "controls_early_exit": ee_table, "patching": patch_table, "self_agreement": {
+                n: {k2: asdict(v) for k2, v in d.items()} for n, d in self_agree.items()},
+            "noise_ceiling_pairs": ceiling.pairs, "ex_index": ex_index}
+
+
+def _reversal_claims(revs: list[dict[str, Any]], n_layers: int, p: Preregistration) -> dict[str, rp.Measurement]:
+    """Kurtosis and outliers read the reference on the selected sets (instance-free); the ||h||/MSE layer
+    counts require an interval wholly above (below) 0.6 on every measured instance."""
+    above, below, upper = None, None, 0
+    for rev in revs:
+        mse = pd.DataFrame(rev["mse"])
+        up = mse[mse["layer"] >= n_layers // 2]
+        a, b = set(up.loc[up["corr_low"] > 0.6, "layer"]), set(up.loc[up["corr_high"] < 0.6, "layer"])
+        above, below, upper = (a if above is None else above & a), (b if below is None else below & b), len(up)
+    per = pd.DataFrame(revs[0]["per_example"])
+    arrays = {s: per[per["set"] == s].pivot(index="layer", columns="example", values="kurtosis")
+              .to_numpy(dtype=np.float64) for s in ("large", "ctrl")}
+    la, lc = np.log(arrays["large"]), np.log(arrays["ctrl"])
+    ia = stats.bootstrap_indices(la.shape[1], p.n_boot, p.seed)
+    ic = stats.bootstrap_indices(lc.shape[1], p.n_boot, p.seed + 1)
+    boot = np.array([(la[:, x].mean(axis=1) - lc[:, y].mean(axis=1)).mean() for x, y in zip(ia, ic, strict=True)])
+    kurt = pr.estimate(float((la.mean(axis=1) - lc.mean(axis=1)).mean()), boot, la.shape[1] + lc.shape[1])
+    outl = pd.DataFrame(revs[0]["outliers"]).groupby("layer")["gamma_percentile"].mean().to_numpy(dtype=np.float64)
+    ob = stats.block_bootstrap_means(outl, 3, p.n_boot, p.seed)
+    outlier = pr.estimate(float(outl.mean()), ob, int(outl.size))
+    return {
+        "reversal_h_mse": rp.Measurement(
+            {"layers_above": Estimate(len(above or ())), "layers_below": Estimate(len(below or ())),
+             "upper_layers": Estimate(upper)},
+            f"{len(above or ())} of {upper} upper layers wholly above 0.6 on every measured instance, "
+            f"{len(below or ())} wholly below"),
+        "kurtosis": rp.Measurement({"diff": kurt}, f"{kurt.text(3)} (log-kurtosis, D_large minus D_ctrl)"),
+        "outlier_gamma": rp.Measurement({"percentile": outlier}, f"{outlier.text(2)} (block bootstrap over layers)"),
+    }
+
+
+def write_results(result: dict[str, Any], folder: str | Path) -> Path:
+    """The analysis as committed data: ``reproduction.csv``, the control tables and ``summary.json``."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    result["reproduction"].to_csv(out / "reproduction.csv", index=False)
+    for name in ("controls_restoration", "controls_early_exit", "patching", "noise_ceiling_pairs"):
+        result[name].to_csv(out / f"{name}.csv", index=False)
+    write_json(out / "summary.json", {k: result[k] for k in ("preregistration", "preregistration_sha256", "criteria",
+                                                              "n", "d_large", "instances", "self_agreement")})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m interp.report.confirm PREREG.json --out RUN_DIR [--write DOCS_DATA_DIR]``."""
+    parser = argparse.ArgumentParser(description="Run (or resume) a pre-registered confirmatory reproduction.")
+    parser.add_argument("prereg", help="the pre-registration JSON file (docs/preregistration/)")
+    parser.add_argument("--out", required=True, help="folder for the raw per-example data (resumable)")
+    parser.add_argument("--write", help="also write the analysis tables here (e.g. docs/data/reproduction/...)")
+    parser.add_argument("--analyse-only", action="store_true", help="skip the run; analyse the raw data in --out")
+    args = parser.parse_args(argv)
+    try:
+        p = Preregistration.load(args.prereg)
+        if not args.analyse_only:
+            run(p, args.out, progress=True)
+        result = analyse(p, args.out)
+    except InterpError as exc:
+        print(f"error: {exc}")
+        return 2
+    if args.write:
+        write_results(result, args.write)
+    print(result["reproduction"][["claim", "measured here", "verdict"]].to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
