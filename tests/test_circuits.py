@@ -14,9 +14,12 @@ from test_components import build_family
 from test_families import FAMILIES
 
 import interp
-from interp.errors import DataError
+from interp.errors import ComponentError, DataError
 from interp.figures import draw
+from interp.localize import patching
 from interp.localize.dla import FrozenNorm, logit_attribution
+from interp.localize.patching import LogitDiffMetric
+from interp.localize.paths import Sender, path_patch, path_patch_naive
 from interp.runtime import hooks as hk
 
 pytestmark = pytest.mark.numerical
@@ -146,3 +149,111 @@ def test_bad_targets_and_positions_are_refused(family_models, rows):
         logit_attribution(model, rows, target=10**6)
     with pytest.raises(DataError, match="outside example"):
         logit_attribution(model, rows, target=1, positions=9)
+
+
+# ---------------------------------------------------------------------------------------
+# Path patching
+
+
+@pytest.fixture
+def float64_norms(monkeypatch):
+    """RMSNorms that stay in float64 for float64 inputs (transformers' compute in float32 whatever the
+    input: a 1e-16 difference between two float64 computations could then flip a float32 rounding and
+    show up as 1e-8). Other dtypes take transformers' own forward unchanged."""
+    import transformers.models.gemma3.modeling_gemma3 as gemma3
+    import transformers.models.llama.modeling_llama as llama
+
+    def faithful(cls, offset):
+        original = cls.forward
+
+        def forward(self, x):
+            if x.dtype != torch.float64:
+                return original(self, x)
+            eps = getattr(self, "variance_epsilon", None) or self.eps
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (offset + self.weight)
+
+        monkeypatch.setattr(cls, "forward", forward)
+
+    faithful(llama.LlamaRMSNorm, 0.0)
+    faithful(gemma3.Gemma3RMSNorm, 1.0)
+
+
+class LogitDiff64(LogitDiffMetric):
+    """The logit-difference metric without its float32 step (test-only)."""
+
+    def from_logits(self, logits, tokens, index, lengths=None):
+        at = self._at(logits, lengths)
+        rows = torch.arange(at.shape[0])
+        pick = (lambda t: t.expand(len(index)) if len(t) == 1 else t[index])
+        return (at[rows, pick(self.answers)] - at[rows, pick(self.wrongs)]).double()
+
+
+# Exactness: both sides run float64 end to end (float64 attention softmax: conftest; float64 norms:
+# the fixture above) on the same values, and differ only in how float64 sums are associated (the
+# residual built as target + delta, against the model re-adding frozen outputs): ~1e-15 relative
+# per layer on O(1) logits. EXACT sits far above that and below the smallest path effect here
+# (~1e-7: tiny random models move little).
+EXACT = 1e-10
+SENDERS = [Sender("head", 0, 1), Sender("mlp", 0), Sender("head", 0, 3), Sender("head", 1, 0)]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "gemma3"])
+def test_path_patching_equals_the_textbook_loop(family, family_models, float64_norms):
+    model = family_models(family)
+    tokenizer = interp.models.tiny_tokenizer()
+    clean = interp.examples_from_texts(["Anna gave Bob a cup", "So Tim told me", "Eve saw Ian"], tokenizer)
+    corrupt = interp.examples_from_texts(["Anna gave Ann a cup", "So Ken told me", "Bob saw Ian"], tokenizer)
+    metric = LogitDiff64([ord("e"), ord("a"), ord("o")], ord(" "))
+    kv_last = (model.info.n_kv_heads or model.cfg.n_heads) - 1
+    for receivers in ("logits", [(1, 2, "q"), (1, 0, "k"), (1, kv_last, "v")]):
+        fast = path_patch(model, clean, SENDERS, receivers, source_examples=corrupt, metric=metric, batch_size=2,
+                          max_rows=4)
+        naive = path_patch_naive(model, clean, SENDERS, receivers, source_examples=corrupt, metric=metric)
+        assert (fast.target - naive.target).abs().max() < EXACT
+        assert (fast.values - naive.values).abs().max() < EXACT, receivers
+        moved = (naive.values - naive.target).abs().amax(dim=1)
+        if receivers == "logits":
+            # every head reaches the logits directly; so does MLP 0, except in GPT-NeoX's parallel block,
+            # where it reads only the last token's own embedding, the same in both prompts
+            assert (moved[[0, 2, 3]] > 1e-8).all() and (moved[1] > 1e-8) == (family != "gpt_neox"), moved
+        else:  # senders in layer 1 have no receiver after them: untouched
+            assert (moved[:3] > 1e-8).all() and torch.equal(fast.values[3], fast.target), moved
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+def test_direct_path_of_the_last_layer_is_activation_patching(family, family_models, float64_norms):
+    """Nothing reads the last MLP's output but the logits, so its direct path is all of its effect: path
+    patching equals the engine's activation patching (an independent implementation). The last layer's
+    heads too in GPT-NeoX's parallel block; in a serial block their output also feeds the last MLP."""
+    model = family_models(family)
+    g = torch.Generator().manual_seed(1)
+    clean = interp.Examples.from_tokens(torch.randint(0, 256, (3, 8), generator=g))
+    corrupt = interp.Examples.from_tokens(torch.randint(0, 256, (3, 8), generator=g))
+    metric = LogitDiff64(65, 66)
+    senders, jobs = [Sender("mlp", 1)], [patching.Patch("down", (1,))]
+    if family == "gpt_neox":
+        senders, jobs = [*senders, Sender("head", 1, 2)], [*jobs, patching.Patch("z", (1,), heads=(2,))]
+    paths = path_patch(model, clean, senders, "logits", source_examples=corrupt, metric=metric)
+    exact = patching.patch_naive(model, model, clean, jobs, source_examples=corrupt, metric=metric)
+    assert (paths.values - exact.values).abs().max() < EXACT
+    assert (paths.values - paths.target).abs().amax(dim=1).min() > 1e-8
+    if family == "llama":  # the serial block's last head: the direct path is not the whole effect
+        head = path_patch(model, clean, [Sender("head", 1, 2)], "logits", source_examples=corrupt, metric=metric)
+        whole = patching.patch_naive(model, model, clean, [patching.Patch("z", (1,), heads=(2,))],
+                                     source_examples=corrupt, metric=metric)
+        assert (head.values - whole.values).abs().max() > 1e3 * EXACT
+
+
+def test_path_patching_refuses_what_it_cannot_do(family_models):
+    model = family_models("llama")
+    rows = interp.Examples.from_tokens(torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(0)))
+    short = interp.examples_from_texts(["ab", "abcdef"], interp.models.tiny_tokenizer())
+    with pytest.raises(ComponentError, match="No sender has a receiver after"):
+        path_patch(model, rows, [Sender("head", 1, 0)], [(1, 0, "q")], source_examples=rows)
+    with pytest.raises(ComponentError, match="heads lie in"):
+        path_patch(model, rows, [Sender("head", 0, 0)], [(1, 3, "k")], source_examples=rows)
+    with pytest.raises(ComponentError, match="needs head"):
+        path_patch(model, rows, [Sender("head", 0)], "logits", source_examples=rows)
+    with pytest.raises(DataError, match="same real length"):
+        path_patch(model, short, [Sender("mlp", 0)], "logits", source_examples=interp.examples_from_texts(
+            ["abc", "abcdef"], interp.models.tiny_tokenizer()))
