@@ -168,6 +168,25 @@ def summarize(args: argparse.Namespace, plans: dict[str, pr.Plan], examples: Any
     if DOC.exists():
         write_table(table)
     print(table.round(4).to_string())
+    figures(args, result, bits, spec)
+
+
+def figures(args: argparse.Namespace, result: Any, bits: tuple[int, int], spec: Any) -> None:
+    """The sensitivity behind interp's plans (from the cache) and the Pareto and sensitivity PNGs."""
+    from interp.figures import export_static
+    from interp.figures.prescribe import pareto_figure, sensitivity_by_half, sensitivity_figure
+    from interp.quant.sensitivity import sensitivity
+
+    model = interp.load_model(args.model)
+    calibration = interp.load_examples("wiki", model.tokenizer, n=args.calibration_n, seq_len=128, seed=0,
+                                       split="calibration")
+    rows = calibration.subset(list(range(args.sensitivity_n)))
+    scores = sensitivity(model, f"{spec.method}:bits={bits[0]},group={spec.group}", rows, calibration=calibration)
+    scores.save(args.out / "sensitivity")
+    scores.table(n_boot=1000).to_csv(args.out / "sensitivity_table.csv", index=False, float_format="%.6g")
+    export_static({"prescribe_pareto": pareto_figure(result), "prescribe_sensitivity": sensitivity_figure(scores),
+                   "prescribe_sensitivity_halves": sensitivity_by_half(scores)}, ROOT / "docs" / "img",
+                  formats=("png",))
 
 
 def write_table(table: pd.DataFrame) -> None:

@@ -292,3 +292,10 @@ def test_prescribe_end_to_end_on_a_tiny_model(tiny_llama, rows, tmp_path):
     assert record["achieved_average_bits"] == plan.achieved
     qmodel = quantize(tiny_llama, f"@{path}", progress=False)
     assert qmodel.quant_info.spec == plan.spec
+
+
+def test_compressed_tensors_export_refuses_a_plan_in_words(tiny_llama):
+    from interp.quant.export import check_exportable
+
+    with pytest.raises(SpecError, match="mixed-precision plan"):
+        check_exportable(parse_spec("rtn:bits=3|0.v=4"))

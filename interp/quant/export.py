@@ -110,6 +110,10 @@ class GroupGrid:
 
 def check_exportable(spec: MethodSpec) -> None:
     """Raise :class:`~interp.errors.SpecError` unless ``spec`` has a grid the export can recover."""
+    if spec.modules:  # the folder's quantization_config has one scheme (one bit width) for every weight
+        raise SpecError(
+            f"{str(spec).split('|')[0]}|... is a mixed-precision plan (a bit width per module); the compressed-"
+            "tensors export writes one bit width for all weights, so save a planned model with --format interp.")
     if spec.method == "rtn" or (spec.method == "gptq" and bool(spec.params["act_order"])):
         return
     why = {

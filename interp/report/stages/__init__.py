@@ -16,13 +16,15 @@ from interp.report.stages import (
     early_exit,
     norms,
     patching,
+    prescribe,
     probes,
     quantization,
     restoration,
     saobp_training,
 )
 
-ORDER = [probes, attention, saobp_training, quantization, agreement, norms, early_exit, restoration, patching]
+ORDER = [probes, attention, saobp_training, quantization, agreement, norms, early_exit, restoration, patching,
+         prescribe]
 STAGES: list[Stage] = [module.STAGE for module in ORDER]
 
 __all__ = ["ORDER", "STAGES"]
