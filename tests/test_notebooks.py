@@ -33,204 +33,25 @@ VARIES_TAG = "output-varies"
 slow = [pytest.mark.notebook, pytest.mark.integration, pytest.mark.slow]
 
 
-def _runner():
-    """notebooks/execute.py, the refresh script, loaded by path (notebooks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("notebooks_execute", ROOT / "notebooks" / "execute.py")
+def _load(name: str, file: str):
+    """A module of notebooks/ loaded by path (notebooks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "notebooks" / file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-# -- the comparison rule ---------------------------------------------------------------------------
-
-REL_TOL = 5e-3  # "about 3 significant digits"
-_NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|\bnan\b|\bNaN\b|[-+]?\binf\b")
-_TMP = "|".join(re.escape(t) for t in sorted({"/tmp", tempfile.gettempdir()}, key=len, reverse=True))
-_MASKS = [
-    # where the code lives, as a warning prints it: /work/main/interp/stats.py:172 -> <repo>/interp/stats.py:<line>
-    # (first: a checkout under the temporary folder, /tmp/ci/interp/..., is still the repository)
-    (re.compile(r"(?:/[^\s/:'\"]+)+/(?=(?:interp|tests|notebooks)/)"), "<repo>/"),
-    # temporary folders (tempfile.mkdtemp names are random): /tmp/interp-byom-5ou8y9t2 -> <tmp>
-    (re.compile(rf"(?:{_TMP})/[^\s'\",)\]}}]+"), "<tmp>"),
-    (re.compile(r"(?:/[^\s/:'\"]+)+/site-packages/"), "<site-packages>/"),
-    (re.compile(r"\.py:\d+"), ".py:<line>"),
-    # timestamps: 2025-11-30 21:32:05.123, 21:32:05
-    (re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?"), "<time>"),
-    (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b"), "<time>"),
-    # memory addresses: <object at 0x7f3a...>
-    (re.compile(r"\b0x[0-9a-fA-F]{6,}\b"), "<address>"),
-    # durations: 12 s, 0.35s, 120 ms, 3 min, 2.5 seconds
-    (re.compile(r"[-+]?\d+(?:\.\d+)?\s?(?:ns|us|µs|ms|s|sec|secs|seconds?|min|minutes?|hours?)\b"), "<duration>"),
-]
-# a progress bar (tqdm): 42%|####      | 21/50 [00:03<00:04, 6.1it/s]
-_PROGRESS = re.compile(r"\d+%\||\d+(?:\.\d+)?\s?(?:it|ex|s)/(?:s|it|ex)\b|\[\d+:\d+<")
+def _runner():
+    """notebooks/execute.py, the refresh script."""
+    return _load("notebooks_execute", "execute.py")
 
 
-def mask(text: str) -> str:
-    """``text`` with progress-bar lines dropped and temporary paths, code locations, timestamps,
-    durations and memory addresses replaced by placeholders (see :func:`normalise`)."""
-    lines = []
-    for line in text.replace("\r\n", "\n").split("\n"):
-        line = line.rsplit("\r", 1)[-1]  # a line redrawn with \r: keep what it shows last
-        if _PROGRESS.search(line):
-            continue
-        for pattern, placeholder in _MASKS:
-            line = pattern.sub(placeholder, line)
-        lines.append(line)
-    return "\n".join(lines)
+# -- the comparison rule (notebooks/rule.py, shared with the refresh script) ------------------------
 
-
-def _figure(spec: dict) -> tuple:
-    """A plotly figure as (title, ((trace type, trace name, data lengths), ...)): its structure, not its values."""
-    def length(value):
-        if isinstance(value, dict) and "bdata" in value:  # plotly's typed array: dtype, base64, "rows, cols"
-            if value.get("shape"):
-                return tuple(int(n) for n in str(value["shape"]).split(","))
-            return (len(base64.b64decode(value["bdata"])) // np.dtype(value["dtype"]).itemsize,)
-        if isinstance(value, list):
-            return (len(value),) + (length(value[0])[:1] if value and isinstance(value[0], list) else ())
-        return ()
-
-    layout = spec.get("layout", {})
-    title = layout.get("title", "")
-    title = title.get("text", "") if isinstance(title, dict) else title
-    traces = tuple((t.get("type", "scatter"), str(t.get("name", "")),
-                    tuple((k, length(t[k])) for k in ("x", "y", "z") if k in t))
-                   for t in spec.get("data", []))
-    return str(title), traces
-
-
-def _text(value: str, varies: bool) -> str:
-    value = mask(value)
-    return _NUMBER.sub("<n>", value) if varies else value
-
-
-def normalise(nb, png: bool = True) -> list[list[tuple]]:
-    """Per code cell, its outputs in a form that is the same on every run and machine.
-
-    The rule (what two executions of a notebook must agree on):
-
-    * Stream outputs of one kind (stdout, stderr) that follow each other are joined (how a print
-      is split into messages depends on timing). Rich outputs keep their order and their set of
-      mimetypes (``image/png`` dropped with ``png=False``, for a run without Chromium).
-    * Text (streams, ``text/plain``, figure titles and trace names) goes through :func:`mask`:
-      progress-bar lines are dropped; temporary folders, the checkout's and site-packages' paths
-      and line numbers (``<repo>/interp/stats.py:<line>`` in a warning), timestamps, durations and
-      memory addresses become placeholders. ``text/html`` is not compared: it holds the same table as
-      ``text/plain``. Progress-bar widgets are not compared (``notebooks/execute.py`` drops them).
-    * Numbers in the text are compared by :func:`numbers_agree` in :func:`outputs_differ`, not
-      here: to about 3 significant digits. Reductions in float32 (norms, means, matrix products)
-      add in an order that depends on the CPU's vector width and the thread count, so the last
-      digits of a printed float differ between machines; the suite must pass on any x86-64 CPU
-      with 1 or 2 threads. A tolerance, rather than rounding both to 3 digits, because rounding
-      splits neighbours (0.12349 and 0.12351).
-    * A figure is compared by its structure (:func:`_figure`: title, trace types and names, data
-      lengths), not by its values (those are in the tables) nor by its PNG (Chromium builds draw
-      text and antialias differently, so the bytes differ).
-    * A cell tagged ``output-varies`` (cell metadata ``tags``) shows something that is not a
-      function of the inputs (a wall-clock time printed without unit, a cache state): its text is
-      compared with every number masked.
-    * Execution counts, cell and output metadata are ignored; an error is compared by its name.
-    """
-    cells = []
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        varies = VARIES_TAG in cell.get("metadata", {}).get("tags", [])
-        out: list[tuple] = []
-        for o in cell.get("outputs", []):
-            if o.output_type == "stream":
-                if out and out[-1][0] == "stream" and out[-1][1] == o.name:
-                    out[-1] = ("stream", o.name, out[-1][2] + o.text)
-                else:
-                    out.append(("stream", o.name, o.text))
-            elif o.output_type == "error":
-                out.append(("error", o.ename))
-            else:
-                data = o.get("data", {})
-                if WIDGET in data:
-                    continue
-                keys = tuple(sorted(k for k in data if png or k != "image/png"))
-                if PLOTLY in data:
-                    title, traces = _figure(data[PLOTLY])
-                    body = (_text(title, varies),
-                            tuple((kind, _text(name, varies), shape) for kind, name, shape in traces))
-                else:
-                    body = _text(data.get("text/plain", ""), varies)
-                out.append(("data", keys, body))
-        cells.append([("stream", o[1], _text(o[2], varies)) if o[0] == "stream" else o for o in out])
-    return cells
-
-
-def _decimals(token: str) -> int | None:
-    mantissa = re.split(r"[eE]", token)[0]
-    return len(mantissa.split(".")[1]) if "." in mantissa else None
-
-
-def numbers_agree(a: str, b: str) -> bool:
-    """Two printed numbers agree to about 3 significant digits.
-
-    ``|x - y| <= 5e-3 * max(|x|, |y|)``, plus one unit in the last printed place when both carry a
-    decimal point (``0.123`` and ``0.124`` may be one value rounded on either side). Integers get
-    no such unit: a layer index or a count must match exactly unless it is large.
-    """
-    if a == b:
-        return True
-    x, y = float(a), float(b)
-    if math.isnan(x) or math.isnan(y) or math.isinf(x) or math.isinf(y):
-        return (math.isnan(x) and math.isnan(y)) or x == y
-    da, db = _decimals(a), _decimals(b)
-    unit = 0.0
-    if da is not None and db is not None:
-        exponent = int(re.split(r"[eE]", a)[1]) if re.search(r"[eE]", a) else 0
-        unit = 10.0 ** (exponent - min(da, db))
-    return abs(x - y) <= REL_TOL * max(abs(x), abs(y)) + unit * (1 + 1e-9)
-
-
-def _text_differs(old: str, new: str) -> str | None:
-    """Why two masked texts differ (None when they agree): same words, numbers within tolerance."""
-    words_old, words_new = _NUMBER.split(old), _NUMBER.split(new)
-    squash = [" ".join(w.split()) for w in words_old], [" ".join(w.split()) for w in words_new]
-    if squash[0] != squash[1]:
-        for p, q in zip(*squash, strict=False):
-            if p != q:
-                return f"text differs: {p!r} became {q!r}"
-        return f"text differs: {len(squash[0])} pieces became {len(squash[1])}"
-    for p, q in zip(_NUMBER.findall(old), _NUMBER.findall(new), strict=True):
-        if not numbers_agree(p, q):
-            return f"number differs: {p} became {q}"
-    return None
-
-
-def _value_differs(old, new) -> str | None:
-    if isinstance(old, str) and isinstance(new, str):
-        return _text_differs(old, new)
-    if isinstance(old, tuple) and isinstance(new, tuple) and len(old) == len(new):
-        for p, q in zip(old, new, strict=True):
-            why = _value_differs(p, q)
-            if why:
-                return why
-        return None
-    return None if old == new else f"{old!r} became {new!r}"
-
-
-def outputs_differ(stored, fresh, png: bool = True) -> list[str]:
-    """Where the outputs of two executions of a notebook differ under the rule of :func:`normalise`:
-    one line per differing code cell (an empty list when they agree)."""
-    a, b = normalise(stored, png), normalise(fresh, png)
-    if len(a) != len(b):
-        return [f"{len(a)} code cells became {len(b)}"]
-    problems = []
-    for i, (old, new) in enumerate(zip(a, b, strict=True), start=1):
-        if len(old) != len(new):
-            problems.append(f"code cell {i}: {len(old)} outputs became {len(new)}")
-            continue
-        for j, (p, q) in enumerate(zip(old, new, strict=True)):
-            why = _value_differs(p, q)
-            if why:
-                problems.append(f"code cell {i}, output {j}: {why}")
-                break
-    return problems
+_rule = _load("notebooks_rule", "rule.py")
+mask, normalise, numbers_agree, outputs_differ, differ = (_rule.mask, _rule.normalise, _rule.numbers_agree,
+                                                           _rule.outputs_differ, _rule.differ)
+_text_differs = _rule._text_differs
 
 
 # -- the stored notebooks (fast) -------------------------------------------------------------------
@@ -354,6 +175,54 @@ def test_rule_detects_a_missing_output_and_ignores_png_bytes():
     assert outputs_differ(stored, _altered(stored, _other_png)) == []
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_stored_outputs_mean_something(path):
+    """Stored at the notebook's own size (at least 32 examples where it takes examples), said in its first
+    cell, with no warning printed, and belonging to its code and its quick record (the fingerprint)."""
+    runner = _runner()
+    nb = _read(path)
+    n = runner.default_n(nb)
+    assert n is None or n >= 32, f"{path.name} stores results on {n} examples; use at least 32"
+    assert nb.metadata.get("interp", {}).get("examples") == n
+    first = next(c for c in nb.cells if c.cell_type == "markdown")
+    assert runner.settings_line(nb) in first.source, f"{path.name}'s first cell does not say its settings"
+    streams = [o.text for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+               if o.output_type == "stream"]
+    warned = [line for text in streams for line in text.splitlines() if re.search(r"\w+Warning\b", line)]
+    assert not warned, f"{path.name} stores warnings: {warned[:2]}"
+    record = runner.record_path(path)
+    assert record.exists(), f"{path.name} has no quick record: run `make notebooks`"
+    assert nb.metadata["interp"]["fingerprint"] == runner.fingerprint(nb, record.read_text()), \
+        f"{path.name}: its code or its quick record changed since its outputs were stored: run `make notebooks`"
+
+
+def test_fingerprint_changes_with_the_code_and_the_record():
+    runner = _runner()
+    nb = _read(NOTEBOOKS[0])
+    record = runner.record_path(NOTEBOOKS[0]).read_text()
+    base = runner.fingerprint(nb, record)
+    edited = copy.deepcopy(nb)
+    next(c for c in edited.cells if c.cell_type == "code").source += "\n# edited"
+    assert runner.fingerprint(edited, record) != base
+    assert runner.fingerprint(nb, record.replace("1", "2", 1)) != base
+
+
+def test_stream_interleaving_does_not_matter():
+    """The flake of the previous round: the same prints and warnings, interleaved differently."""
+    import nbformat
+
+    def cell(*outputs):
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell("x", outputs=[nbformat.v4.new_output("stream", name=n, text=t)
+                                                            for n, t in outputs])]
+        return nb
+
+    a = cell(("stdout", "a 1\n"), ("stderr", "note\n"), ("stdout", "b 2\n"))
+    b = cell(("stderr", "note\n"), ("stdout", "a 1\nb 2\n"))
+    assert outputs_differ(a, b) == []
+    assert outputs_differ(a, cell(("stdout", "a 1\nb 3\n"), ("stderr", "note\n"))) != []
+
+
 # -- execution (slow) ------------------------------------------------------------------------------
 
 
@@ -362,18 +231,19 @@ def test_rule_detects_a_missing_output_and_ignores_png_bytes():
 @pytest.mark.integration
 @pytest.mark.slow
 def test_notebook_outputs_are_current(path, smol):
-    """Executes the notebook as notebooks/execute.py does and compares with the stored outputs."""
+    """Executes the notebook at the quick size, as notebooks/execute.py does for its record, and compares with
+    the stored record (notebooks/quick/); the stored full-size outputs are tied to that record by the
+    fingerprint (test_stored_outputs_mean_something)."""
+    import json
+
     runner = _runner()
-    png = runner.browser_path() is not None  # without Chromium: executed and compared, PNGs aside
-    n = os.environ.get("INTERP_NB_N", runner.QUICK_ENV["INTERP_NB_N"])  # a larger N: executed, not compared
-    fresh = runner.execute(path, renderer=runner.RENDERER if png else "plotly_mimetype", INTERP_NB_N=n)
+    fresh = runner.execute(path)
     code = [c for c in fresh.cells if c.cell_type == "code"]
     errors = [o for c in code for o in c.get("outputs", []) if o.output_type == "error"]
-    assert not errors
+    assert not errors, f"{path.name}: {errors[0].ename}: {errors[0].evalue}" if errors else ""
     assert [o for c in code for o in c.get("outputs", []) if PLOTLY in o.get("data", {})], \
         "the notebook showed no figure"
-    if n != runner.QUICK_ENV["INTERP_NB_N"]:
-        pytest.skip("INTERP_NB_N is not the quick setting: executed, not compared with the stored outputs")
-    problems = outputs_differ(_read(path), fresh, png=png)
+    record = json.loads(runner.record_path(path).read_text())
+    problems = differ(record, normalise(fresh, png=False))
     assert not problems, (f"{path.name}: the stored outputs are stale; refresh with `make notebooks` "
                           "(notebooks/execute.py):\n  " + "\n  ".join(problems))
