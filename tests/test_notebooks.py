@@ -11,16 +11,11 @@ does catch a changed output.
 
 from __future__ import annotations
 
-import base64
 import copy
 import importlib.util
-import math
-import os
 import re
-import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 ROOT = Path(__file__).parent.parent
