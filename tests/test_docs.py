@@ -164,3 +164,40 @@ def test_pip_check_passes_apart_from_the_no_deps_data_wheels():
                 if line.strip() and line.split()[0] and _normalize(line.split()[0]) not in ignored
                 and not line.startswith("No broken requirements")]
     assert problems == [], "pip check:\n" + "\n".join(problems)
+
+
+def _reproduction_builder():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_reproduction", ROOT / "docs" / "build_reproduction.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reproduction_page_is_generated_from_the_committed_data():
+    """Every table of docs/reproduction.md is what docs/build_reproduction.py writes from docs/data/reproduction/."""
+    builder = _reproduction_builder()
+    page = (ROOT / "docs" / "reproduction.md").read_text()
+    assert builder.render(page) == page, "run: python docs/build_reproduction.py --write"
+
+
+def test_reproduction_check_catches_a_hand_edited_number():
+    builder = _reproduction_builder()
+    page = (ROOT / "docs" / "reproduction.md").read_text()
+    block = page[page.index("<!-- columns:begin -->"):page.index("<!-- columns:end -->")]
+    edited = page.replace(block, block.replace("0.", "0.9", 1))
+    assert edited != page and builder.render(edited) == page  # rendering restores the data's number
+
+
+def test_reproduction_prose_types_no_measured_number():
+    """Outside the generated blocks, the page quotes no decimal number or percentage (those live in the data)."""
+    import re
+
+    page = (ROOT / "docs" / "reproduction.md").read_text()
+    prose = re.sub(r"<!-- (\w+):begin -->.*?<!-- \1:end -->", "", page, flags=re.S)
+    prose = re.sub(r"`[^`]*`", "", prose)  # code and paths
+    prose = re.sub(r"\(?\[?arXiv[^)]*\)?|\d{4}\.\d{5}", "", prose)  # paper identifiers
+    protocol = {"95%", "10%"}  # the interval level and the top-10% rule: settings, not measurements
+    numbers = [x for x in re.findall(r"(?<![\w.])\d+\.\d+|\d+(?:\.\d+)?%", prose) if x not in protocol]
+    assert numbers == [], f"numbers typed into docs/reproduction.md's prose: {numbers[:5]}"

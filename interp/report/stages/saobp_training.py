@@ -55,23 +55,20 @@ def saobp_seed_table(folder: Any) -> pd.DataFrame:
     return table
 
 
-def stage_saobp_training(ctx: ReportContext) -> StageOutput:
-    folder = saobp_log_folder(ctx.settings.saobp_logs)
-    table = saobp_seed_table(folder)
-    out = StageOutput(tables={"per_seed": table})
+def training_measurements(table: pd.DataFrame, folder: Any) -> dict[str, Measurement]:
+    """The three training claims' measurements from the per-seed table (:func:`saobp_seed_table`)."""
     n = len(table)
     seeds = Estimate(float(n), float(n), float(n), n)
     if n == 0:
         why = f"no per-seed training logs in {folder}"
-        record_claims(out, {key: Measurement(untestable=why)
-                            for key in ("saobp_training_entropy", "saobp_training_loss", "saobp_training_gtd")})
-        return out
+        return {key: Measurement(untestable=why)
+                for key in ("saobp_training_entropy", "saobp_training_loss", "saobp_training_gtd")}
     ent, loss, gtd = t_estimate(table["entropy_diff"]), t_estimate(table["loss_diff"]), t_estimate(table["gtd_diff"])
     loss_sd = float(table["loss_diff"].std(ddof=1)) if n > 1 else float("nan")
     sink = float(table["sink_baseline"].mean())
     norm_entropy = float(table["norm_entropy_baseline"].mean())
     common = {"seeds": seeds, "baseline_sink": Estimate(sink), "baseline_norm_entropy": Estimate(norm_entropy)}
-    record_claims(out, {
+    return {
         "saobp_training_entropy": Measurement(
             {**common, "entropy_diff": ent},
             f"{ent.text(3)} nats over {n} seeds (layers {table['deep_layers'].iloc[0]}); baseline sink share "
@@ -83,7 +80,16 @@ def stage_saobp_training(ctx: ReportContext) -> StageOutput:
             {**common, "gtd_diff": gtd},
             f"deep-half GTD, SAOBP minus baseline: {gtd.text(3)} over {n} seeds (baseline "
             f"{table['gtd_baseline'].mean():.3f}, SAOBP {table['gtd_saobp'].mean():.3f})"),
-    })
+    }
+
+
+def stage_saobp_training(ctx: ReportContext) -> StageOutput:
+    folder = saobp_log_folder(ctx.settings.saobp_logs)
+    table = saobp_seed_table(folder)
+    out = StageOutput(tables={"per_seed": table})
+    record_claims(out, training_measurements(table, folder))
+    if table.empty:
+        return out
     out.numbers["per_seed"] = table.to_dict(orient="records")
     out.notes.append(f"Read from the committed logs in {folder.name}/ (python -m interp.attention.train --preset seeds "
                      "--seed S): baseline and SAOBP trained in lockstep from the same initial weights and batches.")
