@@ -412,9 +412,10 @@ def _restoration_claims(restoration: list[dict[str, Any]], n_boot: int, seed: in
     est = Estimate(float(top["recovery_nll"]), float(top["low"]), float(top["high"]))
     randoms = table[table["layers restored"].str.startswith("random")]
     k = restoration[0]["k"]
-    text = (f"top {k}: {est.text(percent=True)} on NLL ({100 * top['recovery_ppl']:.0f}% on perplexity); controls: bottom "
-            f"{k} {100 * table.set_index('layers restored').loc['bottom', 'recovery_nll']:.0f}%, {len(randoms)} draws of "
-            f"{k} random layers {100 * randoms['recovery_nll'].min():.0f}% to {100 * randoms['recovery_nll'].max():.0f}%")
+    bottom = table.set_index("layers restored").loc["bottom", "recovery_nll"]
+    text = (f"top {k}: {est.text(percent=True)} on NLL ({100 * top['recovery_ppl']:.0f}% on perplexity); controls: "
+            f"bottom {k} {100 * bottom:.0f}%, {len(randoms)} draws of {k} random layers "
+            f"{100 * randoms['recovery_nll'].min():.0f}% to {100 * randoms['recovery_nll'].max():.0f}%")
     return {"restoration": rp.Measurement({"recovery": est}, text)}, table
 
 
@@ -439,6 +440,10 @@ def _early_exit_claims(early: list[dict[str, Any]], n_layers: int, vocab: int, f
             return (n_layers - layers[int(keep[split])]) / n_layers
         return stat
 
+    if keep.size == 0:
+        why = f"the tuned lens is worse than uniform (NLL > log|V| = {math.log(vocab):.2f}) at every layer"
+        return {"early_exit_tuned": rp.Measurement(untestable=why)}, pd.DataFrame(
+            columns=["fraction", "statistic", "share", "low", "high"])
     early_sized = [{**d, "target": np.asarray(d["reference/large"])[0]} for d in early]
     for fraction in fractions:
         for contrast in (False, True):
@@ -533,9 +538,9 @@ def analyse(p: Preregistration, out: str | Path) -> dict[str, Any]:
     ee_claims, ee_table = _early_exit_claims(early, n_layers, vocab, p.split_fractions, p.n_boot, p.seed)
     claims.update(patch_claims | rest_claims | ee_claims)
     claims.update(_reversal_claims(revs, n_layers, p))
-    claims["early_exit_logit"] = rp.Measurement(untestable="not pre-registered for the confirmatory run: the logit lens "
-                                                           "is uninformative below layer 25 of 30 on SmolLM2 (exploratory "
-                                                           "run), so the tuned lens carries the claim")
+    claims["early_exit_logit"] = rp.Measurement(
+        untestable="not pre-registered for the confirmatory run: the logit lens is uninformative below layer 25 of 30 "
+                   "on SmolLM2 (exploratory run), so the tuned lens carries the claim")
     for key in ("saobp_inference", "saobp_training_entropy", "saobp_training_loss", "saobp_training_gtd"):
         claims[key] = rp.Measurement(untestable="not part of the quantization confirmatory run (model-independent "
                                                 "training logs, counted once in the exploratory column)")
