@@ -318,6 +318,29 @@ def test_attribution_matches_exact_patching_for_small_differences(rows):
     assert _no_hooks_left(quantized)
 
 
+def test_attribution_takes_padded_prompts_as_each_prompt_alone(tiny64, tok):
+    """Padded prompts (left and right) give each prompt's estimate alone, unpadded; pairs whose real
+    lengths differ are refused before any forward."""
+    from padding_rows import TEXTS, row_alone
+
+    target = interp.examples_from_texts(TEXTS, tok, padding="left")
+    source = interp.examples_from_texts([t[::-1] for t in TEXTS], tok, padding="right")  # same lengths, reversed
+    metric = P.LogitDiffMetric(ord("e"), ord(" "))
+    est = P.attribution(tiny64, tiny64, target, ["down", "attn_out"], source_examples=source, metric=metric)
+    for i in range(len(TEXTS)):
+        alone = P.attribution(tiny64, tiny64, row_alone(target, i), ["down", "attn_out"],
+                              source_examples=row_alone(source, i), metric=metric)
+        # float64 model; the metric rounds its logits to float32 (LogitDiffMetric), and the same row
+        # batched or alone may round differently by one float32 ulp of the O(1) logits: the estimate
+        # (activation difference . gradient of that metric) differs by at most ~EPS32 relative
+        scale = alone.estimates[:, 0].abs().max()
+        assert (est.estimates[:, i] - alone.estimates[:, 0]).abs().max() <= 8 * EPS32 * max(float(scale), 1.0)
+    assert est.estimates.abs().max() > 1e-6
+    with pytest.raises(DataError, match="same real length"):
+        P.attribution(tiny64, tiny64, target, ["down"], source_examples=interp.examples_from_texts(
+            ["x", *TEXTS[1:]], tok), metric=metric)
+
+
 # ---------------------------------------------------------------------------------------
 # Paper experiments, selections, errors
 

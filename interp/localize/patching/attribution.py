@@ -28,10 +28,10 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.data import Examples
+from interp.data import Examples, aligned_rows
 from interp.display import ResultDisplay
-from interp.errors import ComponentError, InterpError
-from interp.localize.patching.engine import _check_pair, _settings
+from interp.errors import ComponentError, DataError, InterpError
+from interp.localize.patching.engine import _check_pair, _metric_values, _settings, _takes_lengths
 from interp.localize.patching.metrics import Metric, _metric
 from interp.localize.patching.patches import PAPER_COMPONENTS, LayerSelection, resolve_layers
 from interp.localize.patching.results import PatchResult
@@ -81,32 +81,41 @@ def attribution(
     one forward per patch for exact patching. The gradient at each hook point counts only the
     paths through that point (``gate_input`` reaches the metric through the gate projection
     only), so each estimate is the linearisation of the corresponding exact patch.
+
+    Padded prompts are read as each prompt alone (rows left-aligned, the metric at each row's own
+    positions); each target row and its source row must hold the same number of real tokens.
     """
     source_examples = source_examples if source_examples is not None else examples
-    _check_pair(target, source, examples, source_examples, unpadded="Attribution patching")
+    _check_pair(target, source, examples, source_examples)
+    _same_real_lengths(examples, source_examples)
+    metric_ = _metric(metric)
+    if (examples.padded or source_examples.padded) and not _takes_lengths(metric_):
+        raise DataError(f"The metric {type(metric_).__name__} takes no lengths=, so it cannot skip pad positions.")
     chosen = resolve_layers(target, layers)
     points = [(c, layer) for c in components for layer in chosen]
     for c, layer in points:
         if hk.record(c).per_head:
             raise ComponentError("attribution() covers whole components; patch heads exactly with patch_heads().")
         hk.hook_point(target, c, layer)
-    metric_ = _metric(metric)
     readout = Readout(target)
     estimates = torch.empty(len(points), len(examples), dtype=torch.float64)
     device = device_of(target)
     for start, end in tqdm(list(batches(len(examples), batch_size)), desc="attribution", unit="batch",
                            disable=not show_progress(progress)):
         index = torch.arange(start, end)
+        tokens, lengths = aligned_rows(examples, start, end, device)  # padded rows: real tokens first, as alone
+        source_tokens, _ = aligned_rows(source_examples, start, end, device)
         with torch.no_grad():
-            source_cache, _ = capture(source, source_examples.tokens[start:end].to(device), points)
-        estimates[:, start:end] = _attribute_batch(target, readout, metric_, examples.tokens[start:end].to(device),
-                                                   index, points, source_cache)
+            source_cache, _ = capture(source, source_tokens, points)
+        estimates[:, start:end] = _attribute_batch(target, readout, metric_, tokens, index, points, source_cache,
+                                                   lengths)
     return AttributionResult(estimates=estimates, points=points, ids=list(examples.ids), metric=metric_.name,
                              settings=_settings(target, source, examples, batch_size))
 
 
 def _attribute_batch(target: Any, readout: Readout, metric: Metric, tokens: Tokens, index: Tensor,
-                     points: list[Key], source_cache: Mapping[Key, Tensor]) -> Float[Tensor, "n_points batch"]:
+                     points: list[Key], source_cache: Mapping[Key, Tensor], lengths: Tensor | None = None
+                     ) -> Float[Tensor, "n_points batch"]:
     acts: dict[Key, Tensor] = {}
     last = ("resid_post", hk.n_layers(target) - 1)
 
@@ -124,7 +133,7 @@ def _attribute_batch(target: Any, readout: Readout, metric: Metric, tokens: Toke
     fwd += [(hk.hook_point(target, c, layer), keep((c, layer))) for c, layer in dict.fromkeys([*points, last])]
     with torch.enable_grad(), target.hooks(fwd_hooks=fwd):
         hk.decoder_body(target)(input_ids=tokens)
-        values = metric.from_resid(readout, acts[last], tokens, index)
+        values = _metric_values(metric, "from_resid", readout, acts[last], tokens, index, lengths=lengths)
         grads = torch.autograd.grad(values.sum(), [acts[p] for p in points], allow_unused=True)
     out = torch.zeros(len(points), tokens.shape[0], dtype=torch.float64)
     for i, (point, grad) in enumerate(zip(points, grads, strict=True)):
@@ -132,6 +141,21 @@ def _attribute_batch(target: Any, readout: Readout, metric: Metric, tokens: Toke
             delta = source_cache[point] - acts[point].detach()
             out[i] = (delta * grad).flatten(start_dim=1).sum(dim=1).double().cpu()
     return out
+
+
+def _same_real_lengths(examples: Examples, source_examples: Examples) -> None:
+    """Each target row and its source row hold the same number of real tokens (padding may differ)."""
+    def lengths(ex: Examples) -> Tensor:
+        if ex.attention_mask is None or not ex.padded:
+            return torch.full((len(ex),), ex.seq_len, dtype=torch.long)
+        return ex.attention_mask.sum(dim=1)
+
+    bad = lengths(examples) != lengths(source_examples)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise DataError(f"Attribution patching compares each target row with a source row of the same real length, "
+                        f"position by position; example {examples.ids[row]!r} has {int(lengths(examples)[row])} "
+                        f"tokens and its source {int(lengths(source_examples)[row])}.")
 
 
 def rank_agreement(estimated: AttributionResult, exact: PatchResult) -> float:
