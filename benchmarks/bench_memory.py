@@ -67,16 +67,27 @@ def _child(code: Path, argv: list[str]) -> dict[str, Any]:
     return {"peak_bytes": usage.ru_maxrss * 1024, "seconds": os.times().elapsed - start, **record}
 
 
-def measure(code: Path, model: str, n: int, seq_len: int, quick: bool, calibration_n: int) -> dict[str, Any]:
+def _offload_map(n_layers: int) -> str:
+    """Every block on disk, the embeddings, final norm and head in memory (SmolLM2's module names)."""
+    placed = {"model.embed_tokens": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    placed.update({f"model.layers.{i}": "disk" for i in range(n_layers)})
+    return json.dumps(placed)
+
+
+def measure(code: Path, model: str, n: int, seq_len: int, runs_wanted: list[str], calibration_n: int,
+            n_layers: int) -> dict[str, Any]:
+    data = ["--model", model, "--n", str(n), "--seq-len", str(seq_len), "--quiet"]
+    quantize = ["-m", "interp", "quantize", *data, "--method", QUANTIZE_SPEC, "--calibration-n", str(calibration_n)]
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        commands = {
+            "score": ["-m", "interp", "score", *data, "--batch-size", "8", "--methods", SCORE_SPECS,
+                      "--out", f"{tmp}/score"],
+            "quantize": [*quantize, "--out", f"{tmp}/quantized"],
+            "quantize-offloaded": [*quantize, "--out", f"{tmp}/quantized-offloaded", "--device-map",
+                                   _offload_map(n_layers), "--offload-folder", f"{tmp}/offload"],
+        }
         runs = {"nll": _child(code, ["-c", NLL_CHILD, model, str(n), str(seq_len)])}
-        runs["score"] = _child(code, ["-m", "interp", "score", "--model", model, "--n", str(n), "--seq-len",
-                                      str(seq_len), "--batch-size", "8", "--methods", SCORE_SPECS, "--quiet",
-                                      "--out", f"{tmp}/score"])
-        if not quick:
-            runs["quantize"] = _child(code, ["-m", "interp", "quantize", "--model", model, "--n", str(n),
-                                             "--seq-len", str(seq_len), "--method", QUANTIZE_SPEC, "--quiet",
-                                             "--calibration-n", str(calibration_n), "--out", f"{tmp}/quantized"])
+        runs.update({name: _child(code, commands[name]) for name in runs_wanted})
     weights = runs["nll"]["weights_bytes"]
     for run in runs.values():
         run["over_nll_bytes"] = run["peak_bytes"] - runs["nll"]["peak_bytes"]
@@ -115,12 +126,19 @@ def main() -> None:
     parser.add_argument("--calibration-n", type=int, default=32, help="calibration examples for the GPTQ run")
     parser.add_argument("--check-weights", action="store_true",
                         help="also check here that GPTQ in place gives quantize()'s weights in every block")
+    parser.add_argument("--runs", default=None,
+                        help="commands to measure beside nll, comma-separated: score, quantize, quantize-offloaded "
+                             "(every block on disk: needs a checkout with --device-map); default score,quantize "
+                             "(score with --quick)")
+    parser.add_argument("--n-layers", type=int, default=30, help="blocks of --model, for the offload map")
     benchjson.add_options(parser, "memory")
     args = parser.parse_args()
     args.n = args.n or (4 if args.quick else 8)
     args.seq_len = args.seq_len or (32 if args.quick else 64)
     codes = [Path(c).resolve() for c in (args.code or [str(HERE.parent)])]
-    results = [measure(c, args.model, args.n, args.seq_len, args.quick, args.calibration_n) for c in codes]
+    args.runs = args.runs or ("score" if args.quick else "score,quantize")
+    wanted = [r.strip() for r in args.runs.split(",") if r.strip()]
+    results = [measure(c, args.model, args.n, args.seq_len, wanted, args.calibration_n, args.n_layers) for c in codes]
 
     gib = 1024 ** 3
     print(f"## Peak memory ({args.model}, {args.n} x {args.seq_len} tokens; weights "

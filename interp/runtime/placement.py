@@ -13,8 +13,8 @@ chosen blocks are real tensors on their execution device, and on leaving it what
 hold then is written back to accelerate's store (into the ``.dat`` file accelerate wrote
 for a disk-offloaded weight, in place into the CPU copy for a CPU-offloaded one). A weight
 that accelerate reads straight from the source checkpoint (``from_pretrained`` can offload
-that way) is never written to: its new value is kept as an override in accelerate's
-in-memory store, so a source checkpoint is never modified.
+that way) is redirected to a file of its own in the offload folder: a source checkpoint is
+never modified, and memory holds one block at a time.
 
 Example:
     >>> import interp, torch
@@ -30,7 +30,6 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 
 from interp.errors import InterpError
@@ -79,22 +78,18 @@ def execution_device(model: Any) -> torch.device | None:
 
 def _store(weights_map: Any, name: str, value: torch.Tensor) -> None:
     """Write ``value`` where accelerate keeps the offloaded weight ``name`` of one module."""
+    from accelerate.utils import offload_weight  # accelerate loads only for dispatched models
+
     loader, key = weights_map.dataset, weights_map.prefix + name
     kept = loader.state_dict.get(key)
     if isinstance(kept, torch.Tensor) and kept.shape == value.shape and kept.dtype == value.dtype:
-        kept.copy_(value)
-        return
-    info = loader.index.get(key) if loader.index is not None else None
-    if kept is None and info is not None and "safetensors_file" not in info and loader.save_folder:
-        # accelerate's own offload file (a raw memmap it wrote): rewrite it in place
-        array = value.detach().cpu().contiguous()
-        data = array.view(torch.int16).numpy() if array.dtype == torch.bfloat16 else array.numpy()
-        target = np.memmap(f"{loader.save_folder}/{key}.dat", dtype=data.dtype, mode="r+", shape=data.shape)
-        target[...] = data
-        target.flush()
-        del target
-        return
-    loader.state_dict[key] = value.detach().cpu().clone()  # never write into a source checkpoint
+        kept.copy_(value)  # offloaded to CPU memory: in place
+    elif kept is None and loader.index is not None and key in loader.index and loader.save_folder:
+        # offloaded to disk: accelerate's own raw file, written anew; a weight accelerate read from the
+        # source checkpoint is redirected to such a file (the checkpoint itself is never written)
+        offload_weight(value.detach().cpu(), key, loader.save_folder, index=loader.index)
+    else:
+        loader.state_dict[key] = value.detach().cpu().clone()
 
 
 @contextlib.contextmanager
