@@ -232,11 +232,13 @@ def _fake_report(hostile: str):
     output = StageOutput(tables={"tokens": table}, figures={"titled": titled, "untitled_key": untitled},
                          numbers={"x": 1.0}, notes=[hostile], seconds=1.5)
     stage = Stage(name="fake", title=f"Fake stage {hostile}", intro=hostile, run=lambda ctx: output)
-    verdicts = ["as strong as the paper", "weaker than the paper", "contradicted", "not testable here",
-                "by construction"]
-    reproduction = pd.DataFrame({"paper": ["P"] * 5, "claim": [f"claim {i} {hostile}" for i in range(5)],
-                                 "paper value": ["1"] * 5, "measured here": ["2 [1, 3]"] * 5, "verdict": verdicts,
-                                 "why": [hostile] * 5, "statistic": ["s"] * 5, "criterion": [hostile] * 5})
+    from interp.report.reproduction import VERDICTS
+
+    k = len(VERDICTS)
+    reproduction = pd.DataFrame({"paper": ["P"] * k, "claim": [f"claim {i} {hostile}" for i in range(k)],
+                                 "paper value": ["1"] * k, "measured here": ["2 [1, 3]"] * k,
+                                 "verdict": list(VERDICTS), "why": [hostile] * k, "statistic": ["s"] * k,
+                                 "criterion": [hostile] * k})
     settings = ReportSettings.quick(data=hostile)
     return settings, [stage], {"fake": output}, reproduction
 

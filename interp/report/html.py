@@ -159,7 +159,9 @@ def render_html(settings: ReportSettings, stages: list[Stage], outputs: dict[str
     page = _templates().get_template("report.html.j2").render(
         settings=settings, reference=reference, timing=_timing(outputs, total_seconds), tally=tally,
         sections=sections, css=Markup(CSS),
-        reproduction=reproduction_html(reproduction, f"The two papers' findings on {settings.model}: "
+        reproduction=reproduction_html(reproduction, f"The two papers' findings on {settings.model}, exploratory "
+                                                     f"(examples and criteria not pre-registered; one quantized "
+                                                     f"instance, CPU kernels {versions.get('cpu kernels', 'n/a')}): "
                                                      f"paper value, measurement here and verdict"),
         settings_table=_table_context(settings_table, "Settings, package versions and time per stage", 200),
         plotly_js=None if plotly_js is None else Markup(_script_safe(plotly_js)))
