@@ -156,7 +156,11 @@ def confirmatory_controls() -> str:
     parts = []
     for name, title, digits in (("controls_restoration", "Restoration against its nulls (recovery, NLL scale)", 3),
                                 ("controls_early_exit", "Early-exit split share at three split rules", 3),
+                                ("controls_h_mse_all_examples", "corr(||h||, MLP-output MSE) per layer over all "
+                                 "held-out examples, instance 1", 3),
                                 ("patching", "Patching, per component (recovery, NLL and perplexity scales)", 3)):
+        if not (CONFIRMATORY / f"{name}.csv").exists():
+            continue
         frame = pd.read_csv(CONFIRMATORY / f"{name}.csv")
         parts.append(f"**{title}** (`{(CONFIRMATORY / name).relative_to(ROOT)}.csv`)\n\n"
                      + rp.markdown_table(frame.round(digits)))

@@ -107,7 +107,8 @@ def test_run_and_analyse_on_a_tiny_model(tmp_path, corpus, monkeypatch):
     out = confirm.run(p, tmp_path / "run", progress=False)
     files = sorted(x.name for x in (out / "localize").iterdir())
     assert files == ["early_exit#1.json", "early_exit#2.json", "norms.json", "patching#1.json", "patching#2.json",
-                     "restoration#1.json", "restoration#2.json", "reversal#1.json", "reversal#2.json"]
+                     "restoration#1.json", "restoration#2.json", "reversal#1.json", "reversal#2.json",
+                     "reversal_all#1.json"]
     assert len(list((out / "token_nll").iterdir())) == 1 + 1 + 2 * 3
     stamps = {x: x.stat().st_mtime_ns for x in out.rglob("*.json") if x.parent.name == "localize"}
     confirm.run(p, out, progress=False)  # resumes: nothing recomputed

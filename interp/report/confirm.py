@@ -252,7 +252,8 @@ def run(p: Preregistration, out: str | Path, progress: bool | None = None) -> Pa
                           f"asks for at least {p.min_d_large}.")
     lens = tuned_lens_cached(model, calibrations[0], cache_dir() / "tuned_lens", batch_size=bs, progress=progress)
     for instance in range(1, len(p.calibration_seeds)):
-        _localize(folder, p, model, split, calibrations[instance], instance, lens, progress)
+        _localize(folder, p, model, split, calibrations[instance], instance, lens, progress,
+                  everything=examples if instance == 1 else None)
     return folder.out
 
 
@@ -263,7 +264,7 @@ def _norms(model: Any, examples: Examples, bs: int, progress: bool | None) -> di
 
 
 def _localize(folder: _Folder, p: Preregistration, model: Any, split: Any, calibration: Examples, instance: int,
-              lens: Any, progress: bool | None) -> None:
+              lens: Any, progress: bool | None, everything: Examples | None = None) -> None:
     bs = p.batch_size
     loaded: dict[str, Any] = {}
 
@@ -310,10 +311,20 @@ def _localize(folder: _Folder, p: Preregistration, model: Any, split: Any, calib
         return {"mse": rev.mse.to_dict(orient="list"), "per_example": rev.per_example.to_dict(orient="list"),
                 "outliers": rev.outliers.to_dict(orient="list")}
 
+    def reversal_all() -> dict[str, Any]:  # corr(||h||, MSE) over every example, not only the selected sets
+        assert everything is not None
+        half = len(everything) // 2
+        rev = reversal(model, {p.patched_spec: quantized()}, everything.subset(range(half)),
+                       everything.subset(range(half, len(everything))), batch_size=bs, n_boot=p.n_boot, seed=p.seed,
+                       progress=progress)
+        return {"mse": rev.mse.to_dict(orient="list")}
+
     folder.step(f"patching#{instance}", patching)
     folder.step(f"restoration#{instance}", restoration)
     folder.step(f"early_exit#{instance}", early_exit)
     folder.step(f"reversal#{instance}", reversal_step)
+    if everything is not None:
+        folder.step(f"reversal_all#{instance}", reversal_all)
     loaded.clear()
     gc.collect()
 
@@ -538,6 +549,8 @@ def analyse(p: Preregistration, out: str | Path) -> dict[str, Any]:
     ee_claims, ee_table = _early_exit_claims(early, n_layers, vocab, p.split_fractions, p.n_boot, p.seed)
     claims.update(patch_claims | rest_claims | ee_claims)
     claims.update(_reversal_claims(revs, n_layers, p))
+    all_path = folder.out / "localize" / "reversal_all#1.json"
+    h_mse_all = pd.DataFrame(json.loads(all_path.read_text())["mse"]) if all_path.exists() else pd.DataFrame()
     claims["early_exit_logit"] = rp.Measurement(
         untestable="not pre-registered for the confirmatory run: the logit lens is uninformative below layer 25 of 30 "
                    "on SmolLM2 (exploratory run), so the tuned lens carries the claim")
@@ -548,7 +561,8 @@ def analyse(p: Preregistration, out: str | Path) -> dict[str, Any]:
     return {"preregistration": p.name, "preregistration_sha256": p.sha256, "criteria": p.criteria,
             "n": len(ids), "d_large": len(json.loads((folder.out / "split.json").read_text())["large"]),
             "instances": n_inst, "reproduction": table, "controls_restoration": rest_table,
-            "controls_early_exit": ee_table, "patching": patch_table, "self_agreement": {
+            "controls_early_exit": ee_table, "controls_h_mse_all_examples": h_mse_all, "patching": patch_table,
+            "self_agreement": {
                 n: {k2: asdict(v) for k2, v in d.items()} for n, d in self_agree.items()},
             "noise_ceiling_pairs": ceiling.pairs, "ex_index": ex_index}
 
@@ -589,7 +603,8 @@ def write_results(result: dict[str, Any], folder: str | Path) -> Path:
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     result["reproduction"].to_csv(out / "reproduction.csv", index=False)
-    for name in ("controls_restoration", "controls_early_exit", "patching", "noise_ceiling_pairs"):
+    for name in ("controls_restoration", "controls_early_exit", "controls_h_mse_all_examples", "patching",
+                 "noise_ceiling_pairs"):
         result[name].to_csv(out / f"{name}.csv", index=False)
     write_json(out / "summary.json", {k: result[k] for k in ("preregistration", "preregistration_sha256", "criteria",
                                                               "n", "d_large", "instances", "self_agreement")})
