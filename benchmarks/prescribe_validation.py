@@ -168,15 +168,18 @@ def summarize(args: argparse.Namespace, plans: dict[str, pr.Plan], examples: Any
     if DOC.exists():
         write_table(table)
     print(table.round(4).to_string())
-    figures(args, result, bits, spec)
+    figures(args, result, bits, spec, with_sensitivity=any(p.strategy == "interp" for p in plans.values()))
 
 
-def figures(args: argparse.Namespace, result: Any, bits: tuple[int, int], spec: Any) -> None:
-    """The sensitivity behind interp's plans (from the cache) and the Pareto and sensitivity PNGs."""
+def figures(args: argparse.Namespace, result: Any, bits: tuple[int, int], spec: Any, with_sensitivity: bool) -> None:
+    """The Pareto PNG and, once interp's plans exist, the sensitivity behind them (cached) and its PNGs."""
     from interp.figures import export_static
     from interp.figures.prescribe import pareto_figure, sensitivity_by_half, sensitivity_figure
     from interp.quant.sensitivity import sensitivity
 
+    export_static({"prescribe_pareto": pareto_figure(result)}, ROOT / "docs" / "img", formats=("png",))
+    if not with_sensitivity:
+        return
     model = interp.load_model(args.model)
     calibration = interp.load_examples("wiki", model.tokenizer, n=args.calibration_n, seq_len=128, seed=0,
                                        split="calibration")
@@ -184,7 +187,8 @@ def figures(args: argparse.Namespace, result: Any, bits: tuple[int, int], spec: 
     scores = sensitivity(model, f"{spec.method}:bits={bits[0]},group={spec.group}", rows, calibration=calibration)
     scores.save(args.out / "sensitivity")
     scores.table(n_boot=1000).to_csv(args.out / "sensitivity_table.csv", index=False, float_format="%.6g")
-    export_static({"prescribe_pareto": pareto_figure(result), "prescribe_sensitivity": sensitivity_figure(scores),
+    agreement(scores)
+    export_static({"prescribe_sensitivity": sensitivity_figure(scores),
                    "prescribe_sensitivity_halves": sensitivity_by_half(scores)}, ROOT / "docs" / "img",
                   formats=("png",))
 
@@ -204,11 +208,56 @@ def write_table(table: pd.DataFrame) -> None:
         lines.append(f"| {budget} | {row['strategy']} | {row['average_bits']:.3f} | {row['mean_error']:.4f} | "
                      f"{interval(row, '')} | {row['large_error']:.4f} | {interval(row, 'large_')} | "
                      f"{100 * row['gap_closed']:.0f}% [{100 * row['gap_low']:.0f}%, {100 * row['gap_high']:.0f}%] |")
+    replace_block("validation", "\n".join(lines + ["", *verdicts(table)]))
+
+
+def replace_block(name: str, body: str) -> None:
+    """Put ``body`` between ``<!-- NAME:begin ... -->`` and ``<!-- NAME:end -->`` in docs/prescribe.md."""
     text = DOC.read_text()
-    block = "<!-- validation:begin (benchmarks/prescribe_validation.py) -->\n" + "\n".join(lines) + \
-        "\n<!-- validation:end -->"
-    text = re.sub(r"<!-- validation:begin.*?<!-- validation:end -->", lambda _: block, text, flags=re.S)
+    block = f"<!-- {name}:begin (benchmarks/prescribe_validation.py) -->\n{body}\n<!-- {name}:end -->"
+    text = re.sub(rf"<!-- {name}:begin.*?<!-- {name}:end -->", lambda _: block, text, flags=re.S)
     DOC.write_text(text)
+
+
+def verdicts(table: pd.DataFrame) -> list[str]:
+    """One sentence per (budget, other strategy): does interp's plan beat it, from the paired interval."""
+    out = []
+    for _, row in table[table["budget"].notna() & (table["strategy"] != "interp")].iterrows():
+        if not isinstance(row.get("diff"), float) or math.isnan(row["diff"]):
+            continue
+        if row["diff_low"] > 0:
+            word = "interp's plan **beats**"
+        elif row["diff_high"] < 0:
+            word = "interp's plan **loses to**"
+        else:
+            word = "interp's plan is **not distinguishable from**"
+        out.append(f"- Budget {row['budget']:g}: {word} {row['strategy']} on mean error ({row['strategy']} minus "
+                   f"interp {row['diff']:+.4f} nats, 95% CI [{row['diff_low']:+.4f}, {row['diff_high']:+.4f}]; "
+                   f"on D_large {row['large_diff']:+.4f} "
+                   f"[{row['large_diff_low']:+.4f}, {row['large_diff_high']:+.4f}]).")
+    return out
+
+
+def agreement(scores: Any) -> None:
+    """Where the sensitivity sits, by role and half of the layers, against the localization's gate/down-late finding."""
+    table = scores.table()
+    half = (max(scores.layers) + 1) // 2
+    total, params = table["score"].sum(), table["weights"].sum()
+    lines = ["| role | score share, lower half | score share, upper half | parameter share, upper half |",
+             "|---|---:|---:|---:|"]
+    for role in scores.grid().columns:
+        rows = table[table["role"] == role]
+        lower, upper = rows[rows["layer"] < half], rows[rows["layer"] >= half]
+        lines.append(f"| {role} | {100 * lower['score'].sum() / total:.1f}% "
+                     f"| {100 * upper['score'].sum() / total:.1f}% | {100 * upper['weights'].sum() / params:.1f}% |")
+    late = table[(table["layer"] >= half) & table["role"].isin(["gate", "down"])]
+    lines += ["", f"Gate and down in the upper half hold {100 * late['score'].sum() / total:.1f}% of the summed "
+                  f"sensitivity and {100 * late['weights'].sum() / params:.1f}% of the parameters; "
+                  f"{int((table['score'] < 0).sum())} of {len(table)} weights have a negative score (quantizing them "
+                  f"alone lowered the calibration NLL). Sensitivity pass: {scores.settings.get('seconds', 0):.0f} s "
+                  f"for {len(table)} weights on {scores.settings.get('n')} x {scores.settings.get('seq_len')} tokens "
+                  f"({scores.settings.get('model_forwards', 0):.0f} model-forward equivalents)."]
+    replace_block("agreement", "\n".join(lines))
 
 
 if __name__ == "__main__":
