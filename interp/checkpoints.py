@@ -283,3 +283,23 @@ def load_quantized_folder(folder: Path, dtype: torch.dtype, device: str, tokeniz
     model = bridge(hf_model.to(device).eval(), tokenizer, name)
     object.__setattr__(model, "checkpoint_info", info)
     return model
+
+
+def describe_in_memory(model: Any) -> Any:
+    """Attach ``checkpoint_info`` to a bridge over a model quantized in memory by bitsandbytes (4- or 8-bit).
+
+    The layers stay bitsandbytes' own (``Linear4bit``/``Linear8bitLt``): every forward of the
+    analyses runs through bitsandbytes' arithmetic, not through a dequantized copy. Returns ``model``.
+    """
+    hf_model = model.original_model
+    qcfg = getattr(hf_model.config, "quantization_config", None)
+    method = getattr(qcfg, "quant_method", None) if not isinstance(qcfg, dict) else qcfg.get("quant_method")
+    if "bitsandbytes" not in str(getattr(method, "value", method)):
+        return model
+    modules = tuple(name for name, module in hf_model.named_modules()
+                    if type(module).__name__ in ("Linear4bit", "Linear8bitLt"))
+    four = bool(getattr(qcfg, "load_in_4bit", False))
+    info = CheckpointInfo("bitsandbytes", str(getattr(qcfg, "bnb_4bit_quant_type", "int8")) if four else "int8",
+                          4 if four else 8, 64 if four else -1, True, modules, "memory")
+    object.__setattr__(model, "checkpoint_info", info)
+    return model

@@ -45,7 +45,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 import torch  # noqa: E402
 
 from interp.architecture import _family, _layout, check_supported
-from interp.checkpoints import load_quantized_folder
+from interp.checkpoints import describe_in_memory, load_quantized_folder
 from interp.checkpoints import quantization_config as quantized_checkpoint
 from interp.data import bos_token_id
 from interp.errors import ModelLoadError, ResourceError  # noqa: E402
@@ -535,7 +535,8 @@ def load_model(
     torch_dtype = _check_dtype(dtype)
     placement = Placement.checked(device_map, max_memory, offload_folder, device)
     if not isinstance(name_or_path, (str, os.PathLike)):
-        return _from_memory(name_or_path, tokenizer, name, torch_dtype, device, placement)
+        # a bitsandbytes model keeps its own layers: checkpoint_info says so
+        return describe_in_memory(_from_memory(name_or_path, tokenizer, name, torch_dtype, device, placement))
     key = str(name_or_path)
     source_hash = ""
     if key in BUNDLED:

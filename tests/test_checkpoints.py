@@ -23,9 +23,12 @@ def model():
 def _known_grid(seed: int, bits: int = 4):
     """Integer levels, integer zero-points and scales for every block linear weight, made up in the test."""
     g = torch.Generator().manual_seed(seed)
-    return g, lambda d_out, d_in: (torch.randint(0, 2**bits, (d_out, d_in), generator=g),
-                                   torch.randint(0, 2**bits, (d_out, d_in // GROUP), generator=g),
-                                   (torch.rand(d_out, d_in // GROUP, generator=g) / 50 + 1e-3).to(torch.float16).float())  # fp16 scales
+    def grid(d_out, d_in):
+        scale = (torch.rand(d_out, d_in // GROUP, generator=g) / 50 + 1e-3).to(torch.float16).float()  # fp16 scales
+        return (torch.randint(0, 2**bits, (d_out, d_in), generator=g),
+                torch.randint(0, 2**bits, (d_out, d_in // GROUP), generator=g), scale)
+
+    return g, grid
 
 
 def _expected(levels, zero, scale):
@@ -178,3 +181,37 @@ def test_cli_scores_a_checkpoint_folder_against_its_reference(model, tmp_path, c
     assert float((errors.iloc[:, 0] - errors.iloc[:, 1]).abs().max()) <= 1e-4
     settings = json.loads((out / "settings.json").read_text())
     assert settings["checkpoints"]["checkpoint:rtn3-ct"]["format"] == "compressed-tensors"
+
+
+def test_a_bitsandbytes_4bit_model_in_memory_is_analysed_through_its_own_layers(model, tmp_path):
+    import logging
+
+    import transformers
+
+    from interp.errors import ComponentError
+    from interp.localize.patching.patches import Patch
+    from interp.localize.restoration import restore_layers
+
+    pytest.importorskip("bitsandbytes")  # a dev dependency, installed by `make install`
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    folder = export_hf(model, tmp_path / "plain")
+    config = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                             bnb_4bit_compute_dtype=torch.float32)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, quantization_config=config, dtype=torch.float32)
+    shipped = interp.load_model(hf, tokenizer=model.tokenizer, name="bnb-nf4")
+    info = shipped.checkpoint_info
+    assert (info.format, info.layout, info.bits, len(info.modules)) == ("bitsandbytes", "nf4", 4, 14)
+    kinds = [type(m).__name__ for m in shipped.original_model.modules()]
+    assert kinds.count("Linear4bit") == 14 and "Linear" not in kinds[:-1]  # not dequantized (the head is plain)
+    tokens = torch.cat([torch.full((3, 1), 256), torch.randint(0, 256, (3, 15), generator=torch.Generator()
+                                                               .manual_seed(3))], 1)
+    with torch.no_grad():
+        assert torch.equal(shipped(tokens), hf(tokens).logits)  # the analyses see bitsandbytes' own arithmetic
+    examples = interp.Examples.from_tokens(tokens, ids=["a", "b", "c"])
+    errors = interp.nll(shipped, examples) - interp.nll(model, examples)
+    assert bool(torch.isfinite(errors).all()) and float(errors.abs().max()) > 0
+    assert interp.probe(shipped, examples) is not None
+    assert interp.logit_lens(shipped, examples) is not None
+    assert interp.patch(shipped, model, examples, [Patch("down", (1,))]) is not None
+    with pytest.raises(ComponentError, match="differs in structure"):  # restoration needs nn.Linear blocks
+        restore_layers(shipped, model, [1])
