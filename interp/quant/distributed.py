@@ -287,8 +287,12 @@ def cli_score(args: Any) -> int:
     specs = [parse_spec(s) for s in split_specs(args.methods)]
     out = ensure_writable_dir(args.out)
     start = time.time()
-    device = local_device(args.device) if args.device in ("auto", "cuda") else args.device
-    model = models.load_model(args.model, dtype=getattr(torch, args.dtype), device=device)
+    if getattr(args, "device_map", None) is not None:  # this rank's replica spread by accelerate (docs/scaling.md)
+        model = models.load_model(args.model, dtype=getattr(torch, args.dtype), device_map=args.device_map,
+                                  max_memory=args.max_memory, offload_folder=args.offload_folder)
+    else:
+        device = local_device(args.device) if args.device in ("auto", "cuda") else args.device
+        model = models.load_model(args.model, dtype=getattr(torch, args.dtype), device=device)
     examples = load_examples(args.data, model.tokenizer, n=args.n, seq_len=args.seq_len, seed=args.seed,
                              split="eval")
     calibration = load_calibration(args.data, model.tokenizer, specs, n=args.calibration_n,
