@@ -55,6 +55,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--calibration-n", type=int, default=32, help="GPTQ calibration examples (128 tokens)")
     p.add_argument("--sensitivity-n", type=int, default=8, help="calibration examples the sensitivity is measured on")
+    p.add_argument("--sensitivity-seq-len", type=int, default=64, help="and their first this many tokens")
     p.add_argument("--draws", type=int, default=5, help="random allocations per budget")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--sequential", action="store_true", help="also a true mixed-width GPTQ pass of the middle plan")
@@ -115,7 +116,7 @@ def main() -> int:
     if "interp" in wanted or all((folder / f"interp@{b}.csv").exists() for b in budgets):
         for budget in budgets:
             plan = pr.prescribe(model, args.method, (low, high), budget, calibration=calibration, group=args.group,
-                                sensitivity_n=args.sensitivity_n)
+                                sensitivity_n=args.sensitivity_n, sensitivity_seq_len=args.sensitivity_seq_len)
             plans[f"interp@{budget}"] = plan
             plan.save(args.out / f"plan-{budget}")
             if "interp" in wanted:
@@ -183,7 +184,7 @@ def figures(args: argparse.Namespace, result: Any, bits: tuple[int, int], spec: 
     model = interp.load_model(args.model)
     calibration = interp.load_examples("wiki", model.tokenizer, n=args.calibration_n, seq_len=128, seed=0,
                                        split="calibration")
-    rows = calibration.subset(list(range(args.sensitivity_n)))
+    rows = pr.sensitivity_rows(calibration, args.sensitivity_n, args.sensitivity_seq_len)
     scores = sensitivity(model, f"{spec.method}:bits={bits[0]},group={spec.group}", rows, calibration=calibration)
     scores.save(args.out / "sensitivity")
     scores.table(n_boot=1000).to_csv(args.out / "sensitivity_table.csv", index=False, float_format="%.6g")

@@ -299,3 +299,9 @@ def test_compressed_tensors_export_refuses_a_plan_in_words(tiny_llama):
 
     with pytest.raises(SpecError, match="mixed-precision plan"):
         check_exportable(parse_spec("rtn:bits=3|0.v=4"))
+
+
+def test_sensitivity_rows_are_the_first_rows_and_tokens(rows):
+    cut = pr.sensitivity_rows(rows, 3, 7)
+    assert torch.equal(cut.tokens, rows.tokens[:3, :7]) and cut.ids == rows.ids[:3]
+    assert pr.sensitivity_rows(rows, None, None) is rows

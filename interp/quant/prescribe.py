@@ -279,10 +279,20 @@ def model_shapes(model: Any) -> list[WeightShape]:
     return out
 
 
+def sensitivity_rows(calibration: Examples, n: int | None, seq_len: int | None) -> Examples:
+    """The first ``n`` calibration examples, cut to their first ``seq_len`` tokens (None: all)."""
+    rows = calibration if n is None else calibration.subset(list(range(min(n, len(calibration)))))
+    if seq_len is None or seq_len >= rows.seq_len:
+        return rows
+    from interp.data import Examples
+
+    return Examples.from_tokens(rows.tokens[:, :seq_len], ids=rows.ids)
+
+
 def prescribe(model: Any, method: str = "gptq", bits: Sequence[int] = (3, 4), budget: float = 4.0,
               calibration: Examples | None = None, group: int = 64, sensitivity_n: int | None = None,
-              batch_size: int = 8, progress: bool | None = None, cache_dir: str | os.PathLike[str] | None = None,
-              ) -> Plan:
+              sensitivity_seq_len: int | None = None, batch_size: int = 8, progress: bool | None = None,
+              cache_dir: str | os.PathLike[str] | None = None) -> Plan:
     """A mixed-precision plan for ``model`` under ``budget`` average bits per weight.
 
     Args:
@@ -295,6 +305,7 @@ def prescribe(model: Any, method: str = "gptq", bits: Sequence[int] = (3, 4), bu
         group: group size.
         sensitivity_n: measure the sensitivity on the first this many calibration examples
             (default all): its cost grows with it.
+        sensitivity_seq_len: and on their first this many tokens (default all).
         cache_dir: the root of the quantized-model and sensitivity caches (default ``$INTERP_CACHE``).
 
     Returns:
@@ -318,8 +329,7 @@ def prescribe(model: Any, method: str = "gptq", bits: Sequence[int] = (3, 4), bu
     if calibration is None:
         raise SpecError("prescribe measures sensitivity on calibration text: pass calibration=interp.load_examples("
                         "..., split='calibration')")
-    rows = calibration if sensitivity_n is None else calibration.subset(list(range(min(sensitivity_n,
-                                                                                          len(calibration)))))
+    rows = sensitivity_rows(calibration, sensitivity_n, sensitivity_seq_len)
     scores = sensitivity(model, spec, rows, calibration=calibration, batch_size=batch_size, progress=progress,
                          cache_dir=cache_dir)
     by_name = dict(zip(scores.names, scores.scores, strict=True))
