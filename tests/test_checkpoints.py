@@ -171,9 +171,10 @@ def test_cli_scores_a_checkpoint_folder_against_its_reference(model, tmp_path, c
     reference = export_hf(model, tmp_path / "reference")
     qmodel = quantize(model, "rtn:bits=3,group=32", progress=False)
     shipped = export_compressed_tensors(qmodel, model, tmp_path / "rtn3-ct")
-    out = tmp_path / "scores"
+    out, data = tmp_path / "scores", tmp_path / "docs.txt"
+    data.write_text("\n\n".join(f"Document {i}: the quick brown fox jumps over the lazy dog." for i in range(8)))
     assert main(["score", "--model", str(reference), "--methods", f"rtn:bits=3,group=32;{shipped}", "--n", "4",
-                 "--seq-len", "16", "--out", str(out), "--quiet"]) == 0
+                 "--seq-len", "16", "--data", str(data), "--out", str(out), "--quiet"]) == 0
     errors = pd.read_csv(out / "errors.csv", index_col="example")
     assert list(errors.columns) == ["rtn:bits=3,group=32,zero=float", "checkpoint:rtn3-ct"]
     # the shipped checkpoint is the same rtn3 model (float zero-points: weights within a few float32 roundings),
