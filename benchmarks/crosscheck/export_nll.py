@@ -1,0 +1,85 @@
+"""The compressed-tensors export on the bundled SmolLM2: its NLL, loaded by plain transformers, against interp's.
+
+For each spec: quantize SmolLM2 (the report's calibration: wiki, 32 examples x 128 tokens, seed 0),
+write the compressed-tensors folder and the fake-quant model as a plain folder, load both in a
+subprocess that imports only transformers, and compare per-example NLL on the report's 128
+evaluation examples (wiki, 128 tokens, seed 0); also against interp.nll on the fake-quant bridge.
+
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/crosscheck/export_nll.py [--n 128] [--out docs/data/crosscheck]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import interp
+from interp.models import export_hf
+from interp.quant import quantize
+from interp.quant.export import export_compressed_tensors
+
+SPECS = ["rtn:bits=4,group=32", "rtn:bits=4,group=32,zero=int", "rtn:bits=8,group=32", "rtn:bits=3,group=32",
+         "gptq:bits=4,group=64"]  # group 128 does not divide SmolLM2's d_in = 576
+
+LOAD = """
+import json, sys, torch, transformers
+tokens = torch.load(sys.argv[2])
+out = {}
+for name, folder in json.loads(sys.argv[1]).items():
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    nll = []
+    with torch.no_grad():
+        for start in range(0, len(tokens), 8):
+            batch = tokens[start:start + 8]
+            logp = model(batch).logits[:, :-1].log_softmax(-1)
+            nll += (-logp.gather(-1, batch[:, 1:, None])[..., 0].mean(1)).tolist()
+    out[name] = nll
+assert not any(m == "interp" or m.startswith("interp.") for m in sys.modules)
+print(json.dumps(out))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=128)
+    parser.add_argument("--out", default="docs/data/crosscheck")
+    args = parser.parse_args()
+    model = interp.load_model("smollm2-135m")
+    examples = interp.load_examples("wiki", model.tokenizer, n=args.n, seq_len=128, seed=0, split="eval")
+    calibration = interp.load_examples("wiki", model.tokenizer, n=32, seq_len=128, seed=0, split="calibration")
+    assert not examples.padded, "equal-length rows: the subprocess scores them unpadded"
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.save(examples.tokens, Path(tmp) / "tokens.pt")
+        for spec in SPECS:
+            start = time.time()
+            qmodel = quantize(model, spec, calibration=calibration, progress=False)
+            interp_nll = interp.nll(qmodel, examples).double()
+            folders = {"export": str(export_compressed_tensors(qmodel, model, Path(tmp) / "ct")),
+                       "fake": str(export_hf(qmodel, Path(tmp) / "fake"))}
+            run = subprocess.run([sys.executable, "-c", LOAD, json.dumps(folders), str(Path(tmp) / "tokens.pt")],
+                                 capture_output=True, text=True, check=True)
+            nll = {k: torch.tensor(v, dtype=torch.float64) for k, v in json.loads(run.stdout.splitlines()[-1]).items()}
+            rows.append({
+                "spec": spec, "n": len(examples),
+                "max_abs_export_minus_fake_plain": float((nll["export"] - nll["fake"]).abs().max()),
+                "max_abs_export_minus_interp": float((nll["export"] - interp_nll).abs().max()),
+                "mean_nll_export": float(nll["export"].mean()), "mean_nll_interp": float(interp_nll.mean()),
+                "seconds": time.time() - start,
+            })
+            print(json.dumps(rows[-1]), flush=True)
+            del qmodel
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "export_nll.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
