@@ -15,11 +15,16 @@ NLL in a :class:`ScoreStore`:
   uninterrupted one and gives bit-identical results. The primary key makes a duplicate
   row impossible; the log shows that no finished batch was computed twice.
 - **Cost.** The reference is scored once and reused for every spec. Quantized models come
-  from :func:`~interp.quant.apply.quantize_cached`, so a resumed run does not quantize again.
+  from the cache :func:`~interp.quant.apply.quantize_cached` keeps, so a resumed run does not
+  quantize again.
   ``kl=True`` adds ``KL(p_ref || p_quant)`` (mean over predicting positions); it needs the
   reference *logits* of each batch, which are too large to keep (N x T x vocab floats), so
   the reference forward is recomputed for every batch of every spec: KL roughly doubles the
   cost of scoring.
+- **One copy of the weights.** Each spec's weights are swapped into the reference block by
+  block for its pass and swapped out after (the reference's own are stashed on disk and come
+  back bit for bit: :mod:`interp.quant.inplace`); a missing spec is quantized in place the
+  same way. Only ``kl=True`` holds a quantized copy beside the reference.
 
 Example:
     >>> import interp, torch, tempfile
