@@ -136,3 +136,13 @@ def test_run_and_analyse_on_a_tiny_model(tmp_path, corpus, monkeypatch):
     assert set(controls["share"]) == {0.5} and len(controls) == 6
     written = confirm.write_results(result, tmp_path / "data")
     assert (written / "reproduction.csv").exists() and json.loads((written / "summary.json").read_text())["n"] == 40
+
+
+def test_analysis_of_an_unfinished_run_is_a_clear_error_and_writes_nothing(tmp_path, corpus):
+    p = confirm.Preregistration.load(_prereg(tmp_path, corpus))
+    out = tmp_path / "run"
+    (out / "localize").mkdir(parents=True)
+    with pytest.raises(InterpError, match="norms.json is missing"):
+        confirm._Folder(out).read("norms")
+    assert not list((out / "localize").iterdir())
+    assert p.n == 40

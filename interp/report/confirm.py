@@ -201,6 +201,13 @@ class _Folder:
         frame = pd.read_parquet(self.token_path(label))
         return frame.drop(columns="label").to_numpy(dtype=np.float64)
 
+    def read(self, name: str) -> dict[str, Any]:
+        """A finished step's data (the analysis never computes: a missing step is an error)."""
+        path = self.out / "localize" / f"{name}.json"
+        if not path.exists():
+            raise InterpError(f"{path} is missing: the run has not finished that step (run it again to resume).")
+        return json.loads(path.read_text())
+
     def step(self, name: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         path = self.out / "localize" / f"{name}.json"
         if path.exists():
@@ -523,7 +530,7 @@ def analyse(p: Preregistration, out: str | Path) -> dict[str, Any]:
         f"{ceiling.mean_disattenuated.text()} on disjoint tokens, instance 0 (observed {ceiling.mean_observed.text()}; "
         f"{above} of {len(pairs)} pairs above 1; smallest half-length reliability "
         f"{ceiling.min_half_reliability.text()})")
-    norms = folder.step("norms", dict)
+    norms = folder.read("norms")
     last = np.asarray(norms["norms"][-1], dtype=np.float64)
 
     def norm_r(rows: np.ndarray, choice: dict[str, int]) -> float:
@@ -538,10 +545,10 @@ def analyse(p: Preregistration, out: str | Path) -> dict[str, Any]:
     claims["norm_error"] = rp.Measurement({"r_3bit": r3}, f"{r3.text()} at layer {norms['layers'][-1]} over "
                                                           f"{len(names)} 3-bit methods, all {len(ids)} examples")
     measured = range(1, n_inst)
-    patching = [folder.step(f"patching#{i}", dict) for i in measured]
-    restoration = [folder.step(f"restoration#{i}", dict) for i in measured]
-    early = [folder.step(f"early_exit#{i}", dict) for i in measured]
-    revs = [folder.step(f"reversal#{i}", dict) for i in measured]
+    patching = [folder.read(f"patching#{i}") for i in measured]
+    restoration = [folder.read(f"restoration#{i}") for i in measured]
+    early = [folder.read(f"early_exit#{i}") for i in measured]
+    revs = [folder.read(f"reversal#{i}") for i in measured]
     patch_claims, patch_table = _patch_claims(patching, p.n_boot, p.seed)
     rest_claims, rest_table = _restoration_claims(restoration, p.n_boot, p.seed)
     n_layers = len(norms["layers"])
