@@ -442,9 +442,8 @@ def examples_from_texts(texts: Sequence[str], tokenizer: Any, max_len: int | Non
     are padded on the ``padding`` side with the tokenizer's pad id (else EOS, else 0), and
     ``attention_mask`` marks the real tokens. Every entry point honours the mask (``interp.nll``,
     ``interp.quant.store.score``, ``interp.probe``, ``interp.attention.analyze``, both lenses,
-    activation patching and quantizer calibration) and gives every row the value it has when
-    run alone and unpadded; attribution patching refuses padded examples rather than mix
-    padding into a statistic.
+    activation, attribution and path patching, and quantizer calibration) and gives every row
+    the value it has when run alone and unpadded.
 
     Args:
         texts: the prompts (non-empty strings).

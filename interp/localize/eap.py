@@ -118,7 +118,22 @@ class EdgeAttribution(ResultDisplay):
 
 def _sender_deltas(model: Any, tokens: Tensor, senders: list[Sender], clean: dict[tuple[str, int], Tensor],
                    source: dict[tuple[str, int], Tensor]) -> list[Tensor]:
-    """Each sender's change where it enters the residual, ``[B, T, d_model]``: one forward, senders stacked."""
+    """Each sender's change where it enters the residual, ``[B, T, d_model]``.
+
+    An MLP's is its output difference, and a head's its ``z`` difference through its slice of
+    ``W_O``; only where the attention output passes through a norm of its own (Gemma-2/3,
+    OLMo-2) does it take a forward, with the senders stacked along the rows.
+    """
+    if not getattr(getattr(model, "info", None), "post_norms", False):
+        deltas = []
+        for s in senders:
+            if s.kind == "mlp":
+                deltas.append(source[("down", s.layer)] - clean[("down", s.layer)])
+                continue
+            dz = (hk.reader(model, "z", s.layer)(source[("z", s.layer)])
+                  - hk.reader(model, "z", s.layer)(clean[("z", s.layer)]))[:, :, s.head]
+            deltas.append(dz @ hk.per_head_w_o(model, s.layer)[s.head].T.to(dz.dtype))
+        return deltas
     b = tokens.shape[0]
     out: dict[int, Tensor] = {}
 
