@@ -104,7 +104,8 @@ def _report(rows: list, args: argparse.Namespace, n_senders: int, n_receivers: i
              f"{largest:.3f}.", "",
              "| estimate | Spearman vs exact (all edges) | Spearman (direct edges) | time (s) | exact / estimate |",
              "|---|---:|---:|---:|---:|"]
-    lines += [f"| {label} | {rho:.2f} | {direct:.2f} | {t:.1f} | {ratio:.1f}x |" for label, rho, direct, t, ratio in rows]
+    lines += [f"| {label} | {rho:.2f} | {direct:.2f} | {t:.1f} | {ratio:.1f}x |"
+              for label, rho, direct, t, ratio in rows]
     return "\n".join(lines)
 
 
