@@ -305,3 +305,15 @@ def test_sensitivity_rows_are_the_first_rows_and_tokens(rows):
     cut = pr.sensitivity_rows(rows, 3, 7)
     assert torch.equal(cut.tokens, rows.tokens[:3, :7]) and cut.ids == rows.ids[:3]
     assert pr.sensitivity_rows(rows, None, None) is rows
+
+
+def test_report_stage_reads_the_committed_validation(tmp_path):
+    """The section draws the committed run for the bundled SmolLM2 and says 'not measured' for another model."""
+    from interp.report.context import ReportContext, ReportSettings
+    from interp.report.stages.prescribe import STAGE, validation_folder
+
+    committed = pd.read_csv(validation_folder() / "validation.csv")
+    out = STAGE.run(ReportContext(ReportSettings(), tmp_path, progress=False))
+    assert out.tables["validation"].equals(committed) and "pareto" in out.figures
+    other = STAGE.run(ReportContext(ReportSettings(model="gemma3-270m"), tmp_path, progress=False))
+    assert not other.figures and "Not measured" in other.notes[0]

@@ -43,7 +43,10 @@ def stage_prescribe(ctx: ReportContext) -> StageOutput:
         scores = Sensitivity.load(folder / "sensitivity")
         out.figures["sensitivity"] = sensitivity_figure(scores)
         out.figures["sensitivity_halves"] = sensitivity_by_half(scores)
-    for _, row in table[table["strategy"] == "heuristic"].iterrows():
+    compared = table[(table["strategy"] == "heuristic") & table.get("diff", pd.Series(dtype=float)).notna()]
+    if compared.empty:
+        out.notes.append("interp's own plan is not in the committed run yet, so nothing is compared with it.")
+    for _, row in compared.iterrows():
         out.numbers[f"heuristic_minus_interp@{row['budget']:g}"] = [row["diff"], row["diff_low"], row["diff_high"]]
     out.notes.append(f"Committed run of benchmarks/prescribe_validation.py: {settings.get('method')}, "
                      f"{settings.get('n')} held-out examples; differences are the strategy minus interp's plan "
