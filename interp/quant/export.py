@@ -58,7 +58,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from interp.checkpoints import pack_int32, unpack_int32
 from interp.errors import ComponentError, InterpError, SpecError
 from interp.quant.spec import MethodSpec, parse_spec
 
@@ -68,8 +67,7 @@ if TYPE_CHECKING:
 
 # torch is imported inside the functions: the CLI reads EXPORT_FORMATS while parsing options.
 
-__all__ = ["EXPORT_FORMATS", "GroupGrid", "check_exportable", "export_compressed_tensors", "pack_int32",
-           "recover_grid", "unpack_int32"]
+__all__ = ["EXPORT_FORMATS", "GroupGrid", "check_exportable", "export_compressed_tensors", "recover_grid"]
 
 EXPORT_FORMATS = ("interp", "compressed-tensors")
 PACKED = "pack-quantized"
@@ -195,9 +193,19 @@ def _grids(qmodel: Any, reference: Any, spec: MethodSpec) -> dict[str, GroupGrid
     return grids
 
 
+def __getattr__(name: str) -> Any:  # the packers live in interp.checkpoints, which loads torch: on first use
+    if name in ("pack_int32", "unpack_int32"):
+        from interp import checkpoints
+
+        return getattr(checkpoints, name)
+    raise AttributeError(f"module 'interp.quant.export' has no attribute {name!r}")
+
+
 def _tensors(grid: GroupGrid, layout: str) -> dict[str, Tensor]:
     """One module's tensors in the compressed-tensors layout (without its module prefix)."""
     import torch
+
+    from interp.checkpoints import pack_int32  # loads torch: imported on use, so `interp --help` stays fast
 
     offset = 2 ** (grid.bits - 1)  # compressed-tensors stores levels in the signed range -2^(b-1) .. 2^(b-1) - 1
     if layout == UNPACKED:
