@@ -46,9 +46,10 @@ def _rebind_dispatch_hook(source: torch.nn.Module, clone: torch.nn.Module) -> No
     """Point an accelerate-dispatched module's patched ``forward`` at ``clone``, so that the clone runs
     its own (unwrapped) children and hooks put on them fire; the weights still arrive through the hook."""
     old = vars(source)["_old_forward"]
-    clone._old_forward = types.MethodType(getattr(old, "__func__", old), clone)
+    bound = types.MethodType(getattr(old, "__func__", old), clone)
+    clone._old_forward = bound  # type: ignore[assignment]  # accelerate's attribute, not a submodule
     patched = vars(source)["forward"]
-    clone.forward = functools.update_wrapper(functools.partial(patched.func, clone), clone._old_forward)
+    clone.forward = functools.update_wrapper(functools.partial(patched.func, clone), bound)  # type: ignore[method-assign]
 
 
 def decoder_layers_path(hf_model: Any) -> str:
@@ -116,7 +117,8 @@ def _norm_offset(norm: torch.nn.Module, device: torch.device) -> float:
     if isinstance(norm, torch.nn.LayerNorm) or not isinstance(weight, torch.Tensor):
         return 0.0
     if weight.is_meta:  # offloaded by a device_map: accelerate's hook holds the value (and loads it for the forward)
-        weight = norm._hf_hook.weights_map["weight"]
+        hook: Any = norm._hf_hook
+        weight = hook.weights_map["weight"]
         device = weight.device if device.type == "meta" else device
     eps = float(getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None) or 1e-6)
     generator = torch.Generator().manual_seed(0)

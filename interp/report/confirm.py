@@ -31,6 +31,7 @@ committed data. ``python -m interp.report.confirm PREREG --out DIR`` runs both.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import hashlib
 import json
@@ -124,7 +125,7 @@ class Preregistration:
         missing = [f for f in fields if f not in d]
         if missing:
             raise InterpError(f"{path} lacks the pre-registration field(s) {', '.join(missing)}.")
-        values = {f: tuple(d[f]) if isinstance(d[f], list) else d[f] for f in fields}
+        values: dict[str, Any] = {f: tuple(d[f]) if isinstance(d[f], list) else d[f] for f in fields}
         p = cls(**values, sha256=hashlib.sha256(raw).hexdigest())
         if len(p.calibration_seeds) < 3:
             raise InterpError("A confirmatory run needs at least 3 calibrated instances (calibration_seeds).")
@@ -370,7 +371,7 @@ def _size(data: Any) -> int:
         len(next(iter(data.values())))
 
 
-def _recovery(data: dict[str, Any], name: str, rows: np.ndarray, scale: str = "nll") -> float:
+def _recovery(data: dict[str, Any], rows: np.ndarray, name: str, scale: str = "nll") -> float:
     f = np.exp if scale == "ppl" else (lambda v: v)
     t, s = f(np.asarray(data["target"])[rows].mean()), f(np.asarray(data["source"])[rows].mean())
     v = f(np.asarray(data["patched"][name])[rows].mean())
@@ -385,13 +386,13 @@ def _patch_claims(patching: list[dict[str, Any]], n_boot: int, seed: int) -> tup
         others = WEAK if strong else STRONG
 
         def margin(d: dict[str, Any], r: np.ndarray, c: str = component, o: tuple = others, s: bool = strong) -> float:
-            mine, rest = _recovery(d, c, r), [_recovery(d, x, r) for x in o]
+            mine, rest = _recovery(d, r, c), [_recovery(d, r, x) for x in o]
             return mine - max(rest) if s else min(rest) - mine
 
-        est = hierarchical(patching, lambda d, r, c=component: _recovery(d, c, r), n_boot, seed)
-        ppl = hierarchical(patching, lambda d, r, c=component: _recovery(d, c, r, "ppl"), n_boot, seed)
+        est = hierarchical(patching, functools.partial(_recovery, name=component), n_boot, seed)
+        ppl = hierarchical(patching, functools.partial(_recovery, name=component, scale="ppl"), n_boot, seed)
         m = hierarchical(patching, margin, n_boot, seed)
-        per = [_recovery(d, component, np.arange(_size(d))) for d in patching]
+        per = [_recovery(d, np.arange(_size(d)), component) for d in patching]
         claims[f"patch_{component}"] = rp.Measurement(
             {"recovery": est, "margin": m},
             f"{est.text(percent=True)} on NLL ({ppl.text(percent=True)} on perplexity); margin to {'/'.join(others)} "
@@ -498,7 +499,7 @@ def analyse(p: Preregistration, out: str | Path) -> dict[str, Any]:
         return [col[n] if n in col else col[cal[n][choice[n]]] for n in names]
 
     def pair_stats(rows: np.ndarray, choice: dict[str, int]) -> tuple[float, float]:
-        sub = data[np.ix_(rows, columns(choice))]
+        sub = data[np.ix_(rows, np.asarray(columns(choice)))]
         r = np.corrcoef(sub, rowvar=False)
         tops = [set(rows[np.argsort(-sub[:, j], kind="stable")[:k]].tolist()) for j in range(sub.shape[1])]
         idx = {n: j for j, n in enumerate(names)}
@@ -534,7 +535,7 @@ def analyse(p: Preregistration, out: str | Path) -> dict[str, Any]:
     last = np.asarray(norms["norms"][-1], dtype=np.float64)
 
     def norm_r(rows: np.ndarray, choice: dict[str, int]) -> float:
-        sub = data[np.ix_(rows, columns(choice))]
+        sub = data[np.ix_(rows, np.asarray(columns(choice)))]
         return float(np.mean([stats._rowwise_pearson(last[rows][None], sub[:, j][None])[0]
                               for j in range(sub.shape[1])]))
 
