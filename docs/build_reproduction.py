@@ -117,7 +117,7 @@ def provenance() -> str:
         s = json.loads((CONFIRMATORY / "summary.json").read_text())
         rows.insert(1, {"column": "SmolLM2 confirmatory (held-out)", "data": f"`{CONFIRMATORY.relative_to(ROOT)}`",
                         "examples": f"{s['n']} x 128 (held out), D_large {s['d_large']}",
-                        "methods": 5, "CPU kernels": s.get("kernels", "cpu-AVX512"),
+                        "methods": 5, "CPU kernels": s["kernels"],
                         "selected and measured on": f"D_large selected on instance 0, measured on instances 1-"
                                                     f"{s['instances'] - 1}; pre-registration `{s['preregistration']}` "
                                                     f"(SHA-256 {s['preregistration_sha256'][:12]})"})

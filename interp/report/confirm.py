@@ -59,7 +59,7 @@ from interp.quant.analysis import reversal, split_large_ctrl
 from interp.quant.apply import quantize_cached
 from interp.quant.spec import parse_spec
 from interp.report import reproduction as rp
-from interp.runtime.batching import batches
+from interp.runtime.batching import batches, kernels
 from interp.runtime.scoring import token_nll_fn
 from interp.stats import Estimate
 
@@ -229,7 +229,8 @@ def run(p: Preregistration, out: str | Path, progress: bool | None = None) -> Pa
     model = load_model(p.model)
     examples = heldout_examples(model.tokenizer, p)
     write_json(folder.out / "examples.json", {"ids": list(examples.ids), "settings": examples.settings,
-                                              "vocab": int(model.cfg.d_vocab), "preregistration": p.name,
+                                              "vocab": int(model.cfg.d_vocab), "kernels": kernels("cpu"),
+                                              "preregistration": p.name,
                                               "preregistration_sha256": p.sha256})
     bs = p.batch_size
     calibrations = [load_examples(p.data, model.tokenizer, n=p.calibration_n, seq_len=p.seq_len, seed=s,
@@ -567,6 +568,7 @@ def analyse(p: Preregistration, out: str | Path) -> dict[str, Any]:
                                                 "training logs, counted once in the exploratory column)")
     table = rp.reproduction_frame(claims)
     return {"preregistration": p.name, "preregistration_sha256": p.sha256, "criteria": p.criteria,
+            "kernels": meta.get("kernels", f"{kernels('cpu')} (the analysing machine; the run recorded none)"),
             "n": len(ids), "d_large": len(json.loads((folder.out / "split.json").read_text())["large"]),
             "instances": n_inst, "reproduction": table, "controls_restoration": rest_table,
             "controls_early_exit": ee_table, "controls_h_mse_all_examples": h_mse_all, "patching": patch_table,
@@ -615,7 +617,8 @@ def write_results(result: dict[str, Any], folder: str | Path) -> Path:
                  "noise_ceiling_pairs"):
         result[name].to_csv(out / f"{name}.csv", index=False)
     write_json(out / "summary.json", {k: result[k] for k in ("preregistration", "preregistration_sha256", "criteria",
-                                                              "n", "d_large", "instances", "self_agreement")})
+                                                              "kernels", "n", "d_large", "instances",
+                                                              "self_agreement")})
     return out
 
 
