@@ -180,6 +180,7 @@ def test_reproduction_page_is_generated_from_the_committed_data():
     builder = _reproduction_builder()
     page = (ROOT / "docs" / "reproduction.md").read_text()
     assert builder.render(page) == page, "run: python docs/build_reproduction.py --write"
+    assert builder.main(["--check"]) == 0  # and docs/data/reproduction/side_by_side.csv
 
 
 def test_reproduction_check_catches_a_hand_edited_number():
