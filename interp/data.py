@@ -215,7 +215,7 @@ def _text_value(value: Any, where: str) -> str:
 
 
 def check_encodable(text: str, where: str) -> str:
-    """``text`` unchanged, or a :class:`DataError` when it holds a lone surrogate (no UTF-8 form, so no tokens).
+    """``text`` unchanged, or a :class:`~interp.errors.DataError` when it holds a lone surrogate (no UTF-8 form, so no tokens).
 
     JSON's ``"\\ud800"`` escapes and strings built from raw bytes with ``surrogateescape`` carry
     them; tokenizers then fail deep inside with a TypeError.

@@ -132,7 +132,7 @@ def early_exit(
         max_logits: the most logits alive at once.
 
     Returns:
-        An :class:`EarlyExitResult` with ``nll`` of shape ``[len(layers), N]``.
+        An :class:`~interp.localize.lens.EarlyExitResult` with ``nll`` of shape ``[len(layers), N]``.
     """
     if at not in ("resid_mid", "resid_post"):
         raise ComponentError(f"Early exit reads 'resid_mid' or 'resid_post'; got {at!r}.")

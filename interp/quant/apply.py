@@ -209,7 +209,7 @@ def quantize(
         batch_size: calibration examples per block forward.
 
     Returns:
-        A new bridge with the quantized weights; ``.quant_info`` is a :class:`QuantInfo`
+        A new bridge with the quantized weights; ``.quant_info`` is a :class:`~interp.quant.apply.QuantInfo`
         and ``.info`` is the reference's, renamed, with a source hash of its own.
 
     Raises:

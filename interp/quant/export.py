@@ -33,7 +33,7 @@ load an asymmetric packed checkpoint: it allocates the zero-point unpacked
 (``[d_out, n_groups]``) while the format packs it along ``d_out``, and the load stops on the
 shape mismatch. :func:`export_compressed_tensors` can still write it (``layout=
 "pack-quantized"``), for runtimes that read it and for the reader in
-:mod:`interp.quant.checkpoints`.
+:mod:`interp.checkpoints`.
 
 Example:
     >>> import pathlib, tempfile

@@ -290,7 +290,7 @@ class MethodSpec:
         return f"{self.method}:{','.join(parts)}" + "".join(f"|{name}={b}" for name, b in self.modules.items())
 
     def bits_for(self, layer: int, role: str) -> int:
-        """The bit width of block ``layer``'s ``role`` weight: its entry in :attr:`modules`, else :attr:`bits`.
+        """The bit width of block ``layer``'s ``role`` weight: its entry in ``modules``, else ``bits``.
 
         Example:
             >>> spec = parse_spec("gptq:bits=3|0.v=4")

@@ -558,7 +558,7 @@ def score(
         reference: the full-precision bridge.
         specs: method specs, e.g. ``["rtn:bits=3", "gptq:bits=3,group=64"]``.
         examples: evaluation examples (their ids must be unique).
-        store: a folder or ``.sqlite`` file for the :class:`ScoreStore`, or an open store.
+        store: a folder or ``.sqlite`` file for the :class:`~interp.quant.store.ScoreStore`, or an open store.
         calibration: calibration-split examples, needed when a spec is gptq or awq.
         batch_size: examples per forward. Keep it fixed across resumed runs: batches are
             fixed slices of ``examples``.

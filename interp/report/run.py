@@ -95,7 +95,7 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
 
     Args:
         out: output folder.
-        settings: :class:`~interp.report.context.ReportSettings` (``ReportSettings.quick()`` for a fast smoke run).
+        settings: :class:`~interp.report.context.ReportSettings` (its ``quick`` constructor for a fast smoke run).
         stages: names of the stages to run (default: all).
         progress: progress bars (default: when stderr is a terminal).
         static: also export PNG and SVG copies of every figure.
