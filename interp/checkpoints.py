@@ -258,31 +258,29 @@ def read_quantized_folder(folder: Path, dtype: torch.dtype) -> tuple[dict[str, T
     return state, config, CheckpointInfo(**{**info.to_dict(), "source": str(folder)})
 
 
-def load_quantized_folder(folder: Path, dtype: torch.dtype, device: str, tokenizer: Any, name: str) -> Any:
-    """A bridge over the dequantized checkpoint in ``folder``; ``model.checkpoint_info`` says what it was."""
+def load_quantized_hf(folder: Path, dtype: torch.dtype, device: str, tokenizer: Any) -> tuple[Any, Any, CheckpointInfo]:
+    """The transformers model over the dequantized checkpoint in ``folder``, its tokenizer and what it was.
+
+    :func:`interp.models.load_model` wraps the result in a bridge (this module sits below ``models``).
+    """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from interp.models import _quiet, bridge
-
     state, config, info = read_quantized_folder(folder, dtype)
-    with _quiet():
-        hf_config = AutoConfig.for_model(**config)
-        hf_model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)  # buffers (rotary) built, weights replaced
-        missing = set(hf_model.state_dict()) - set(state)
-        tied = bool(getattr(hf_config.get_text_config(), "tie_word_embeddings", False))
-        if missing - ({"lm_head.weight"} if tied else set()):
-            raise ModelLoadError(f"{folder} lacks the weights {sorted(missing)[:5]}: the checkpoint is incomplete.")
-        hf_model.load_state_dict(state, strict=False)
-        if tied:
-            hf_model.tie_weights()
-        if tokenizer is None:
-            try:
-                tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-            except Exception as exc:  # noqa: BLE001
-                raise ModelLoadError(f"No usable tokenizer in {folder} ({type(exc).__name__}: {exc}).") from None
-    model = bridge(hf_model.to(device).eval(), tokenizer, name)
-    object.__setattr__(model, "checkpoint_info", info)
-    return model
+    hf_config = AutoConfig.for_model(**config)
+    hf_model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)  # buffers (rotary) built, weights replaced
+    missing = set(hf_model.state_dict()) - set(state)
+    tied = bool(getattr(hf_config.get_text_config(), "tie_word_embeddings", False))
+    if missing - ({"lm_head.weight"} if tied else set()):
+        raise ModelLoadError(f"{folder} lacks the weights {sorted(missing)[:5]}: the checkpoint is incomplete.")
+    hf_model.load_state_dict(state, strict=False)
+    if tied:
+        hf_model.tie_weights()
+    if tokenizer is None:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        except Exception as exc:  # noqa: BLE001
+            raise ModelLoadError(f"No usable tokenizer in {folder} ({type(exc).__name__}: {exc}).") from None
+    return hf_model.to(device).eval(), tokenizer, info
 
 
 def describe_in_memory(model: Any) -> Any:

@@ -45,7 +45,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 import torch  # noqa: E402
 
 from interp.architecture import _family, _layout, check_supported
-from interp.checkpoints import describe_in_memory, load_quantized_folder
+from interp.checkpoints import describe_in_memory, load_quantized_hf
 from interp.checkpoints import quantization_config as quantized_checkpoint
 from interp.data import bos_token_id
 from interp.errors import ModelLoadError, ResourceError  # noqa: E402
@@ -553,7 +553,11 @@ def load_model(
         elif path.is_dir():
             if quantized_checkpoint(path) is not None:  # compressed-tensors, GPTQ, AWQ: see interp.checkpoints
                 dtype_, device_ = torch_dtype or torch.float32, device or "cpu"
-                return load_quantized_folder(path, dtype_, device_, tokenizer, name or key)
+                with _quiet():
+                    hf_model, hf_tokenizer, info = load_quantized_hf(path, dtype_, device_, tokenizer)
+                model = bridge(hf_model, hf_tokenizer, name or key)
+                object.__setattr__(model, "checkpoint_info", info)
+                return model
             if not _looks_like_hf_folder(path):
                 raise ModelLoadError(
                     f"{path} is not a Hugging Face model folder: it needs config.json and "
