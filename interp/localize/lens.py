@@ -133,6 +133,17 @@ def early_exit(
 
     Returns:
         An :class:`~interp.localize.lens.EarlyExitResult` with ``nll`` of shape ``[len(layers), N]``.
+
+    Example:
+        >>> import torch
+        >>> import interp
+        >>> model = interp.tiny_model("llama")
+        >>> ex = interp.Examples.from_tokens(torch.randint(0, 256, (3, 10), generator=torch.Generator().manual_seed(0)))
+        >>> result = interp.logit_lens(model, ex)
+        >>> tuple(result.nll.shape), result.layers  # the last layer's row is the model's own NLL
+        ((2, 3), [0, 1])
+        >>> bool(torch.allclose(result.nll[-1], interp.nll(model, ex), atol=1e-5))
+        True
     """
     if at not in ("resid_mid", "resid_post"):
         raise ComponentError(f"Early exit reads 'resid_mid' or 'resid_post'; got {at!r}.")

@@ -38,9 +38,9 @@ heuristic (:func:`heuristic_order`) and random orders (:func:`random_order`), so
 strategy spends the same budget the same way and differs only in its order.
 
 Example:
-    >>> costs, values = [4, 4, 2], [1.0, 3.0, 1.5]
-    >>> greedy_order(values, costs), fill([1, 2, 0], costs, capacity=6)
-    ([2, 1, 0], [1, 2])
+    >>> costs, values = [4, 4, 2], [1.0, 3.0, 1.6]
+    >>> greedy_order(values, costs), fill([2, 1, 0], costs, capacity=6)  # 0.8 per bit, then 0.75, then 0.25
+    ([2, 1, 0], [2, 1])
 """
 
 from __future__ import annotations
@@ -191,6 +191,16 @@ class Plan:
         ends: the averages of the all-low and all-high plans.
         strategy: ``"interp"`` (sensitivity greedy), ``"heuristic"``, ``"random"``...
         settings: how it was made (bits, sensitivity spec and examples, seed).
+
+    Example:
+        >>> import torch
+        >>> import interp
+        >>> from interp.quant import prescribe
+        >>> model = interp.tiny_model("llama")
+        >>> cal = interp.Examples.from_tokens(torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0)))
+        >>> plan = prescribe(model, "rtn", bits=(2, 4), budget=3.5, calibration=cal, group=32, progress=False)
+        >>> plan.ends[0] < plan.achieved <= 3.5 < plan.ends[1], sorted(set(plan.widths.values()))
+        (True, [2, 4])
     """
 
     spec: str

@@ -90,6 +90,16 @@ class Sensitivity:
         weights: number of parameters of each weight (``d_out * d_in``).
         per_example: ``[weights, examples]`` NLL increase per calibration example.
         settings: calibration hash and size, seconds, forwards, bootstrap seed.
+
+    Example:
+        >>> import torch
+        >>> import interp
+        >>> from interp.quant.sensitivity import sensitivity
+        >>> model = interp.tiny_model("llama")
+        >>> rows = interp.Examples.from_tokens(torch.randint(0, 256, (4, 12), generator=torch.Generator().manual_seed(0)))
+        >>> result = sensitivity(model, "rtn:bits=2,group=32", rows, progress=False, cache=False)
+        >>> len(result.layers) == 2 * 7, sorted(set(result.roles))  # 2 blocks x 7 linear weights
+        (True, ['down', 'gate', 'k', 'o', 'q', 'up', 'v'])
     """
 
     spec: str

@@ -464,6 +464,17 @@ def patch(
 
     Returns:
         A :class:`~interp.localize.patching.results.PatchResult`.
+
+    Example:
+        >>> import torch
+        >>> import interp
+        >>> from interp.localize.patching import Patch
+        >>> source = interp.tiny_model("llama")
+        >>> target = interp.quantize(source, "rtn:bits=2,group=32", progress=False)
+        >>> ex = interp.Examples.from_tokens(torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0)))
+        >>> result = interp.patch(target, source, ex, [Patch("resid_post", [1])])
+        >>> bool(torch.allclose(result.values[0], result.source, atol=1e-5))  # the last residual carries it all
+        True
     """
     source_examples = source_examples if source_examples is not None else examples
     _check_pair(target, source, examples, source_examples)
