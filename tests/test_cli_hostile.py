@@ -275,6 +275,10 @@ CASES = [
     Case("argparse", "probe --n", "expected one argument"),
     Case("argparse", "report --quick --full", "not allowed"),
     Case("argparse", "probe --n 4 extra", "unrecognized"),
+    # -- prescribe: the budget and the bit widths, before any model loads
+    Case("prescribe", "prescribe --method gptq --bits 3,4 --budget 3.5 --out {d}/plan", "strictly between"),
+    Case("prescribe", "prescribe --method gptq --bits 3,9 --budget 4.0 --out {d}/plan", "supports bits"),
+    Case("prescribe", "prescribe --method zzz --bits 3,4 --budget 4.0 --out {d}/plan", "unknown method"),
 ]
 
 
