@@ -14,7 +14,7 @@ from tolerances import EPS32, rounding_tol
 
 import interp
 from interp.data import examples_from_texts
-from interp.errors import DataError, InterpError
+from interp.errors import DataError
 
 pytestmark = pytest.mark.numerical  # derived tolerances: CI reruns this file with one thread
 
@@ -96,13 +96,9 @@ def test_padding_changes_the_stored_row(tok) -> None:
     assert row_hash(right.tokens[0], right.attention_mask[0]) == row_hash(right.tokens[0])  # longest row: no pad
 
 
-def test_entry_points_without_mask_support_refuse_padding(model64, tok) -> None:
-    from interp.localize.patching import attribution  # patch() honours the mask: tests/test_padding_patching.py
-
-    ex = examples_from_texts(TEXTS, tok)
-    for call in (lambda: attribution(model64, model64, ex, ["attn_out"], [0]),):
-        with pytest.raises(InterpError, match="padded examples"):
-            call()
+def test_texts_of_equal_length_are_not_padded(model64, tok) -> None:
+    # every entry point now honours the mask (attribution too: tests/test_patching.py checks padded rows
+    # against each row alone), so there is no refusal left to test here
     same = examples_from_texts(["abcd", "efgh"], tok)
     assert not same.padded  # equal lengths: no padding, every entry point accepts it
     assert tuple(interp.probe(model64, same, ["resid_post"], ["norm"])["resid_post", "norm"].shape)[1] == 2
