@@ -23,17 +23,9 @@ from interp.localize.patching import LogitDiffMetric
 from interp.localize.paths import Sender, path_patch, path_patch_naive
 from interp.runtime import hooks as hk
 
-pytestmark = pytest.mark.numerical
+pytestmark = [pytest.mark.numerical, pytest.mark.usefixtures("one_thread")]  # conftest's one_thread
 U64, U32 = 2.0**-53, 2.0**-24
 LAYER_NORM_FAMILIES = ("gpt2", "gpt_neox")  # the others' RMSNorms compute in float32 whatever the input dtype
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

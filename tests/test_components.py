@@ -23,7 +23,7 @@ from interp.models import tiny_tokenizer
 from interp.probes import _full_bytes
 from interp.runtime import hooks as hk
 
-pytestmark = pytest.mark.numerical
+pytestmark = [pytest.mark.numerical, pytest.mark.usefixtures("one_thread")]  # conftest's one_thread
 
 
 def build_family(family: str, folder, dtype: torch.dtype = torch.float32):
@@ -43,14 +43,6 @@ def build_family(family: str, folder, dtype: torch.dtype = torch.float32):
     if dtype != torch.float32:
         loaded.original_model.to(dtype)
     return loaded
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
