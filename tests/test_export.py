@@ -15,12 +15,21 @@ from interp.errors import SpecError
 from interp.models import export_hf
 from interp.quant import quantize, quantize_weight
 from interp.quant.export import export_compressed_tensors, pack_int32, recover_grid, unpack_int32
+from interp.quant.spec import parse_spec
 
 U32 = torch.finfo(torch.float32).eps / 2  # unit roundoff of float32, 2^-24
 
 # hidden 128 and MLP 256: group 128 divides every d_in, as gptq:bits=4,group=128 needs
 SPECS = ["rtn:bits=4,group=32", "rtn:bits=4,group=32,zero=int", "rtn:bits=8,group=32", "rtn:bits=3,group=32",
-         "gptq:bits=4,group=128"]
+         "gptq:bits=4,group=128",
+         # plans: one config group per bit width, each naming its modules
+         "rtn:bits=3,group=32|0.v=4|1.down=8", "gptq:bits=3,group=128|0.down=4|1.v=4"]
+
+
+def module_bits(spec: str, key: str) -> int:
+    """The bit width ``spec`` gives the module of state-dict key ``model.layers.L.<...>.<role>_proj.weight``."""
+    parts = key.split(".")
+    return parse_spec(spec).bits_for(int(parts[2]), parts[4].removesuffix("_proj"))
 
 
 @pytest.fixture(scope="module")
@@ -123,13 +132,17 @@ def test_plain_transformers_loads_the_export_with_interps_weights(spec, model, l
     tensors, folders = loaded
     config = json.loads((interp.models.Path(folders[spec]) / "config.json").read_text())["quantization_config"]
     assert config["quant_method"] == "compressed-tensors" and config["format"] == "int-quantized"
-    weights = config["config_groups"]["group_0"]["weights"]
-    assert (weights["num_bits"], weights["group_size"]) == (int(spec.split("bits=")[1][0]), int(
-        spec.split("group=")[1].split(",")[0]))
+    groups = config["config_groups"]
+    assert groups["group_0"]["weights"]["num_bits"] == parse_spec(spec).bits
+    by_module = {name: group["weights"]["num_bits"] for group in groups.values() for name in group["targets"]}
+    assert all(group["weights"]["group_size"] == parse_spec(spec).group for group in groups.values())
+    assert len(by_module) == sum(len(group["targets"]) for group in groups.values())  # each module in one group
+    assert by_module == {name: module_bits(spec, name + ".weight") for name in by_module}
     keys = [k.removeprefix(spec + "/fake/") for k in tensors if k.startswith(spec + "/fake/model.")]
     assert len(keys) == 14  # 2 blocks x (q, k, v, o, gate, up, down)
     for key in keys:
         exported, fake = tensors[f"{spec}/{key}"], tensors[f"{spec}/fake/{key}"]
+        assert len(by_module) == 14 and key.removesuffix(".weight") in by_module
         if spec.endswith("zero=int"):
             assert torch.equal(exported, fake)  # (x_q - zp) * scale with whole zp: interp's operations exactly
         else:
@@ -138,7 +151,7 @@ def test_plain_transformers_loads_the_export_with_interps_weights(spec, model, l
             # |exported - fake| <= u * s * (4 |D| + |z - 2^(b-1)|) = u * (4 |w| + |z s| + 2^(b-1) s), and
             # |z s| = |group min| <= max |w|: at most 5 u (max |w| + 2^b s). s <= the row's span, and 6 u leaves
             # room for the second-order terms.
-            bits = int(spec.split("bits=")[1][0])
+            bits = module_bits(spec, key)
             row_span = fake.amax(1, keepdim=True) - fake.amin(1, keepdim=True)
             span = fake.abs().amax(1, keepdim=True) + 2**bits * row_span
             assert bool(((exported - fake).abs() <= 6 * U32 * span).all())

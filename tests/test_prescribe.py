@@ -294,11 +294,12 @@ def test_prescribe_end_to_end_on_a_tiny_model(tiny_llama, rows, tmp_path):
     assert qmodel.quant_info.spec == plan.spec
 
 
-def test_compressed_tensors_export_refuses_a_plan_in_words(tiny_llama):
+def test_compressed_tensors_export_takes_a_plan_of_an_exportable_method_and_refuses_one_of_another(tiny_llama):
     from interp.quant.export import check_exportable
 
-    with pytest.raises(SpecError, match="mixed-precision plan"):
-        check_exportable(parse_spec("rtn:bits=3|0.v=4"))
+    check_exportable(parse_spec("rtn:bits=3|0.v=4"))  # each width becomes its own config group (test_export)
+    with pytest.raises(SpecError, match="cannot be written as a compressed-tensors checkpoint"):
+        check_exportable(parse_spec("nf:bits=3|0.v=4"))
 
 
 def test_sensitivity_rows_are_the_first_rows_and_tokens(rows):

@@ -107,11 +107,11 @@ class GroupGrid:
 
 
 def check_exportable(spec: MethodSpec) -> None:
-    """Raise :class:`~interp.errors.SpecError` unless ``spec`` has a grid the export can recover."""
-    if spec.modules:  # the folder's quantization_config has one scheme (one bit width) for every weight
-        raise SpecError(
-            f"{str(spec).split('|')[0]}|... is a mixed-precision plan (a bit width per module); the compressed-"
-            "tensors export writes one bit width for all weights, so save a planned model with --format interp.")
+    """Raise :class:`~interp.errors.SpecError` unless ``spec`` has a grid the export can recover.
+
+    A plan (a spec with a per-module bit map) is exportable when its method is: each bit width
+    becomes its own ``config_groups`` entry, naming its modules.
+    """
     if spec.method == "rtn" or (spec.method == "gptq" and bool(spec.params["act_order"])):
         return
     why = {
@@ -189,7 +189,7 @@ def _grids(qmodel: Any, reference: Any, spec: MethodSpec) -> dict[str, GroupGrid
                     f"block {layer}'s {role} weight is fused or transposed ({type(slot.module).__name__}); the "
                     "compressed-tensors export supports models whose projections are separate nn.Linear layers."
                 )
-            grids[names[id(weight)]] = recover_grid(ref_slots[role].read(), slot.read(), spec)
+            grids[names[id(weight)]] = recover_grid(ref_slots[role].read(), slot.read(), spec.for_module(layer, role))
     return grids
 
 
@@ -220,18 +220,28 @@ def _tensors(grid: GroupGrid, layout: str) -> dict[str, Tensor]:
     }
 
 
-def quantization_config(spec: MethodSpec, layout: str, targets: list[str], integer_zero: bool) -> dict[str, Any]:
-    """The ``quantization_config`` entry of ``config.json`` for a weight-only group-wise int grid."""
-    weights: dict[str, Any] = {"num_bits": spec.bits, "type": "int", "symmetric": False, "strategy": "group",
-                               "group_size": spec.group, "dynamic": False, "observer": "minmax"}
-    if not integer_zero:
-        weights["zp_dtype"] = "float32"
+def quantization_config(spec: MethodSpec, layout: str, targets: dict[str, int], integer_zero: bool) -> dict[str, Any]:
+    """The ``quantization_config`` entry of ``config.json`` for a weight-only group-wise int grid.
+
+    ``targets`` maps each quantized module's name to its bit width. One ``config_groups`` entry
+    per width, named by its modules: ``group_0`` holds the spec's own width, and a plan's other
+    widths follow in increasing order (``group_1``, ...).
+    """
+    widths = sorted(set(targets.values()), key=lambda b: (b != spec.bits, b))
+    groups = {}
+    for index, bits in enumerate(widths):
+        weights: dict[str, Any] = {"num_bits": bits, "type": "int", "symmetric": False, "strategy": "group",
+                                   "group_size": spec.group, "dynamic": False, "observer": "minmax"}
+        if not integer_zero:
+            weights["zp_dtype"] = "float32"
+        groups[f"group_{index}"] = {"targets": sorted(name for name, b in targets.items() if b == bits),
+                                    "weights": weights, "input_activations": None, "output_activations": None,
+                                    "format": layout}
     return {
         "quant_method": "compressed-tensors",
         "format": layout,
         "quantization_status": "compressed",
-        "config_groups": {"group_0": {"targets": targets, "weights": weights, "input_activations": None,
-                                      "output_activations": None, "format": layout}},
+        "config_groups": groups,
         "ignore": [],
         "kv_cache_scheme": None,
         "interp_spec": str(spec),
@@ -297,7 +307,8 @@ def export_compressed_tensors(qmodel: Any, reference: Any, folder: str | os.Path
         for index in tmp.glob("*.safetensors.index.json"):
             index.unlink()
         config = json.loads((tmp / "config.json").read_text())
-        config["quantization_config"] = quantization_config(spec, layout, sorted(grids), integer_zero)
+        targets = {name: grid.bits for name, grid in grids.items()}
+        config["quantization_config"] = quantization_config(spec, layout, targets, integer_zero)
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         if out.exists():
             shutil.rmtree(out)
