@@ -1,8 +1,12 @@
-"""Circuits: direct logit attribution (interp.localize.dla) on every family the tests know.
+"""Circuits on every family the tests know (tiny random models, float64): direct logit attribution
+(interp.localize.dla), path patching (interp.localize.paths) and edge attribution patching, EAP and
+EAP-IG (interp.localize.eap).
 
-The identity tested: with the final norm's scale frozen at its value in the forward, the
+The identities tested: with the final norm's scale frozen at its value in the forward, the
 contributions of the embedding, every head, every MLP and the bias terms add up to the logit
-difference the model's own output head produced in the same forward. Models in float64.
+difference the model's own output head produced in the same forward; the batched path patching
+equals the textbook three-step loop; an EAP score is the derivative of the path-patching metric
+along its edge; EAP-IG averages gradients that a plain Hugging Face forward gives.
 """
 
 from __future__ import annotations
@@ -148,13 +152,19 @@ def test_bad_targets_and_positions_are_refused(family_models, rows):
 # Path patching
 
 
+# Every RMSNorm class of the families the tests build, with the offset its scale adds to gamma
+RMS_NORMS = {"llama": ("LlamaRMSNorm", 0.0), "mistral": ("MistralRMSNorm", 0.0), "qwen2": ("Qwen2RMSNorm", 0.0),
+             "qwen3": ("Qwen3RMSNorm", 0.0), "phi3": ("Phi3RMSNorm", 0.0), "olmo2": ("Olmo2RMSNorm", 0.0),
+             "gemma2": ("Gemma2RMSNorm", 1.0), "gemma3": ("Gemma3RMSNorm", 1.0)}
+
+
 @pytest.fixture
 def float64_norms(monkeypatch):
     """RMSNorms that stay in float64 for float64 inputs (transformers' compute in float32 whatever the
     input: a 1e-16 difference between two float64 computations could then flip a float32 rounding and
-    show up as 1e-8). Other dtypes take transformers' own forward unchanged."""
-    import transformers.models.gemma3.modeling_gemma3 as gemma3
-    import transformers.models.llama.modeling_llama as llama
+    show up as 1e-8). Other dtypes take transformers' own forward unchanged. Qwen-3's and OLMo-2's
+    query/key norms are instances of the same classes."""
+    import importlib
 
     def faithful(cls, offset):
         original = cls.forward
@@ -167,8 +177,9 @@ def float64_norms(monkeypatch):
 
         monkeypatch.setattr(cls, "forward", forward)
 
-    faithful(llama.LlamaRMSNorm, 0.0)
-    faithful(gemma3.Gemma3RMSNorm, 1.0)
+    for family, (name, offset) in RMS_NORMS.items():
+        module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        faithful(getattr(module, name), offset)
 
 
 class LogitDiff64(LogitDiffMetric):
@@ -190,10 +201,10 @@ EXACT = 1e-10
 SENDERS = [Sender("head", 0, 1), Sender("mlp", 0), Sender("head", 0, 3), Sender("head", 1, 0)]
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "gemma3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_path_patching_equals_the_textbook_loop(family, family_models, float64_norms):
     model = family_models(family)
-    tokenizer = interp.models.tiny_tokenizer()
+    tokenizer = model.tokenizer  # the byte tokenizer as saved and loaded back (Qwen-2's adds a token)
     clean = interp.examples_from_texts(["Anna gave Bob a cup", "So Tim told me", "Eve saw Ian"], tokenizer)
     corrupt = interp.examples_from_texts(["Anna gave Ann a cup", "So Ken told me", "Bob saw Ian"], tokenizer)
     metric = LogitDiff64([ord("e"), ord("a"), ord("o")], ord(" "))
@@ -256,13 +267,17 @@ def test_path_patching_refuses_what_it_cannot_do(family_models):
 # Edge attribution patching
 
 
-def test_eap_is_the_derivative_of_path_patching(family_models, float64_norms):
-    """EAP's score of an edge is d/d(eps) of the path-patching metric with the sender's source moved
-    eps of the way from the target's value (its change then scales by eps exactly for an MLP, and for a
-    head without an output norm): checked by central differences, GQA keys and values included."""
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eap_is_the_derivative_of_path_patching(family, family_models, float64_norms):
+    """EAP's score of an edge is d/d(eps) of the path-patching metric with the sender's change ``delta``
+    (where it enters the residual stream) scaled by eps: checked by central differences, GQA keys and
+    values included. ``delta`` is read here from a forward with only the sender patched (through the
+    attention output norm where the family has one), and scaled by eps in the sender's residual slot:
+    an MLP at the sender's layer, whose output, set to its target value plus ``eps * delta``, changes
+    the residual by exactly that (the slot writes into the same residual as the head does)."""
     from interp.localize.paths import _capture, _window
 
-    model = family_models("llama")  # 4 query heads, 2 key/value heads
+    model = family_models(family)  # llama-like: 4 query heads, 2 key/value heads
     g = torch.Generator().manual_seed(2)
     clean = interp.Examples.from_tokens(torch.randint(0, 256, (2, 8), generator=g))
     corrupt = interp.Examples.from_tokens(torch.randint(0, 256, (2, 8), generator=g))
@@ -273,28 +288,46 @@ def test_eap_is_the_derivative_of_path_patching(family_models, float64_norms):
     target, _ = _capture(model, clean.tokens, points)
     source, _ = _capture(model, corrupt.tokens, [("z", 0), ("down", 0)])
 
-    def moved(sender, receiver, eps):
-        partial = {k: target[k] + eps * (source[k] - target[k]) for k in source}
-        logits = _window(model, clean.tokens, [sender], [receiver], target, partial)
+    def head_patched(x, hook):  # head 0.1's z from the source run, every other head's from the target
+        z = hk.reader(model, "z", 0)(x).clone()
+        z[:, :, 1] = source[("z", 0)][:, :, 1]
+        return z.reshape(x.shape)
+
+    seen = {}
+    with torch.no_grad(), model.hooks(fwd_hooks=[(hk.hook_point(model, "z", 0), head_patched),
+                                                 (hk.hook_point(model, "attn_out", 0),
+                                                  lambda x, hook: seen.__setitem__("attn_out", x.detach()))]):
+        model.original_model(input_ids=clean.tokens)
+    deltas = [seen["attn_out"] - target[("attn_out", 0)], source[("down", 0)] - target[("down", 0)]]
+
+    def moved(delta, receiver, eps):
+        slot = {("down", 0): target[("down", 0)] + eps * delta}
+        logits = _window(model, clean.tokens, [Sender("mlp", 0)], [receiver], target, slot)
         return metric.from_logits(logits, clean.tokens, torch.arange(2))
 
     eps = 1e-3
     for i, sender in enumerate(senders):
         for j, receiver in enumerate(receivers):
-            d1 = (moved(sender, receiver, eps) - moved(sender, receiver, -eps)) / (2 * eps)
-            d2 = (moved(sender, receiver, 2 * eps) - moved(sender, receiver, -2 * eps)) / (4 * eps)
+            d1 = (moved(deltas[i], receiver, eps) - moved(deltas[i], receiver, -eps)) / (2 * eps)
+            d2 = (moved(deltas[i], receiver, 2 * eps) - moved(deltas[i], receiver, -2 * eps)) / (4 * eps)
             # central differences: D(e) = M' + c e^2 + O(e^4), so D(2e) - D(e) = 3 c e^2 estimates the
             # truncation error (|D(2e) - D(e)| / 3, doubled for the O(e^4) rest), plus rounding:
             # metric values (|M| < 1) each off by a few u, divided by 2e
             bound = 2 * (d2 - d1).abs() / 3 + 8 * U64 / eps
             assert ((res.scores[i, j] - d1).abs() <= bound).all(), (sender, receiver, res.scores[i, j], d1, bound)
-            assert (res.scores[i, j].abs() > 1e3 * bound).any()
+            # not vacuous: the score is at least 100 times the bound (agreement to 1% or better)
+            assert (res.scores[i, j].abs() > 1e2 * bound).any(), (sender, receiver, res.scores[i, j], bound)
+    if family == "llama":  # the default figure: one bar per edge, the mean scores, largest on top
+        bars = draw(res).data[0]
+        assert sorted(bars.x) == sorted(res.edge_scores().flatten().tolist())
+        assert bars.y[-1] == res.top(1)["edge"].item()
 
 
-def test_eap_ig_averages_gradients_along_the_embedding_path(family_models, float64_norms):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eap_ig_averages_gradients_along_the_embedding_path(family, family_models, float64_norms):
     """EAP-IG to the logits, against an independent computation: the plain Hugging Face model run on
     interpolated input embeddings, the gradient read at the final norm's input."""
-    model = family_models("llama")
+    model = family_models(family)
     g = torch.Generator().manual_seed(3)
     clean = interp.Examples.from_tokens(torch.randint(0, 256, (2, 8), generator=g))
     corrupt = interp.Examples.from_tokens(torch.randint(0, 256, (2, 8), generator=g))
@@ -305,7 +338,7 @@ def test_eap_ig_averages_gradients_along_the_embedding_path(family_models, float
     plain = edge_attribution(model, clean, [Sender("mlp", 0)], "logits", source_examples=corrupt, metric=metric)
     hf = model.original_model
     embed = hf.get_input_embeddings()
-    norm = hk._unwrap(hk.final_norm(model))
+    norm = hk.final_norm(model)  # the module the forward calls (GPT-2's bridge computes its LayerNorm itself)
     with torch.no_grad():
         e_clean, e_corrupt = embed(clean.tokens), embed(corrupt.tokens)
     total = torch.zeros_like(e_clean)
