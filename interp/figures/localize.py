@@ -29,8 +29,10 @@ import plotly.graph_objects as go
 
 from interp.figures.style import PALETTE, heatmap, styled
 from interp.localize.dla import LogitAttribution
+from interp.localize.eap import EdgeAttribution
 from interp.localize.lens import EarlyExitCurves, EarlyExitResult
 from interp.localize.patching import PAPER_NAMES, AttributionResult, GateInputComparison, PatchResult, span
+from interp.localize.paths import PathPatchResult
 from interp.localize.restoration import RestorationResult
 
 # ---------------------------------------------------------------------------------------
@@ -196,3 +198,66 @@ def logit_attribution(result: LogitAttribution, title: str | None = None) -> go.
 
 
 DRAWERS[LogitAttribution] = logit_attribution
+
+
+def top_edges(table: Any, k: int = 15, title: str | None = None) -> go.Figure:
+    """Horizontal bars of the ``k`` edges with the largest absolute ``score`` in ``table`` (columns
+    ``edge`` and ``score``, as :meth:`~interp.localize.eap.EdgeAttribution.table` gives), largest on top;
+    red where the edge raises the metric, blue where it lowers it.
+
+    Example:
+        >>> import pandas as pd
+        >>> fig = top_edges(pd.DataFrame({"edge": ["a", "b", "c"], "score": [0.1, -2.0, 0.5]}), k=2)
+        >>> list(fig.data[0].y), list(fig.data[0].x)
+        (['c', 'b'], [0.5, -2.0])
+    """
+    ranked = table.reindex(table["score"].abs().sort_values(ascending=False).index).head(k)[::-1]
+    colors = [PALETTE[1] if v > 0 else PALETTE[0] for v in ranked["score"]]
+    fig = go.Figure(go.Bar(x=list(ranked["score"]), y=list(ranked["edge"]), orientation="h", marker_color=colors))
+    fig.update_layout(height=max(400, 28 * len(ranked) + 150))
+    fig = styled(fig, title or f"Edge attribution: the {len(ranked)} largest edges", "estimated change of the metric",
+                 "")
+    fig.update_yaxes(automargin=True)
+    return fig
+
+
+def edge_attribution(result: EdgeAttribution, k: int = 15) -> go.Figure:
+    """The ``k`` largest edges of an :class:`~interp.localize.eap.EdgeAttribution` (mean score over examples)."""
+    kind = "EAP" if result.settings.get("ig_steps", 1) == 1 else f"EAP-IG ({result.settings['ig_steps']} steps)"
+    return top_edges(result.table(), k, f"{kind}: the {min(k, len(result.table()))} largest edges, mean over "
+                     f"{len(result.ids)} prompts ({result.metric})")
+
+
+def path_patching(result: PathPatchResult) -> go.Figure:
+    """Path patching: each sender's mean effect on the metric through the result's receivers, as bars."""
+    table = result.table()
+    receivers = result.receivers
+    if isinstance(receivers, str):
+        through = "the logits (direct path)"
+    else:
+        through = ", ".join(f"{kind} {layer}.{head}" for layer, head, kind in receivers)
+    fig = go.Figure(go.Bar(x=table["sender"], y=table["effect"], marker_color=PALETTE[0]))
+    return styled(fig, f"Path patching through {through}", "sender", f"mean change of {result.metric}")
+
+
+def estimate_vs_exact(labels: Sequence[str], estimate: Sequence[float], exact: Sequence[float],
+                      title: str = "Edge attribution against exact path patching",
+                      names: tuple[str, str] = ("EAP estimate", "path patching (exact)"),
+                      y: str = "change of the metric") -> go.Figure:
+    """Grouped bars: an estimate and the exact value side by side for each labelled item (e.g. each edge).
+
+    Example:
+        >>> fig = estimate_vs_exact(["head 9.1 -> logits", "mlp 3 -> q 9.1"], [0.8, -0.1], [0.7, -0.2])
+        >>> [trace.name for trace in fig.data], fig.layout.barmode
+        (['EAP estimate', 'path patching (exact)'], 'group')
+    """
+    fig = go.Figure([go.Bar(x=list(labels), y=[float(v) for v in estimate], name=names[0], marker_color=PALETTE[0]),
+                     go.Bar(x=list(labels), y=[float(v) for v in exact], name=names[1], marker_color=PALETTE[1])])
+    fig.update_layout(barmode="group")
+    fig = styled(fig, title, "", y)
+    fig.update_xaxes(tickangle=-40, automargin=True)
+    return fig
+
+
+DRAWERS[EdgeAttribution] = edge_attribution
+DRAWERS[PathPatchResult] = path_patching
