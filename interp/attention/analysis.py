@@ -30,7 +30,7 @@ from interp.attention.metrics import METRICS
 from interp.attention.saobp import saobp_hook
 from interp.data import Examples
 from interp.display import ResultDisplay
-from interp.probes import probe
+from interp.probes import ProbeResult, probe
 from interp.runtime import hooks as hk
 
 if TYPE_CHECKING:
@@ -146,22 +146,45 @@ def analyze(
     """
 
     layer_list = validate.layer_indices(layers, hk.n_layers(model))
-    kwargs: dict[str, Any] = dict(batch_size=batch_size, layers=layer_list, progress=progress)
+    reference, refined = attention_probes(model, examples, saobp_beta, layer_list, mode, batch_size, with_nll,
+                                          progress)
+    return attention_result(reference, refined, settings(model, examples, saobp_beta, layer_list, mode, batch_size))
+
+
+def attention_probes(model: Any, examples: Examples, saobp_beta: float | torch.Tensor | None, layers: list[int],
+                     mode: Mode, batch_size: int, with_nll: bool, progress: bool | None
+                     ) -> tuple[ProbeResult, ProbeResult | None]:
+    """The per-example half of :func:`analyze`: the probe of every metric, then (with ``saobp_beta``) the
+    probe with SAOBP installed. Sharded runs (:mod:`interp.runtime.distributed`) compute this per batch
+    and hand the concatenated probes to :func:`attention_result`, the half that averages over examples."""
+    kwargs: dict[str, Any] = dict(batch_size=batch_size, layers=layers, progress=progress)
     reference = probe(model, examples, ["pattern"], list(METRICS), with_nll=with_nll and saobp_beta is not None,
                       **kwargs)
+    if saobp_beta is None:
+        return reference, None
+    hook = saobp_hook(saobp_beta, mode=mode)  # validates beta and mode once
+    extra = [(hk.hook_point(model, "pattern", layer), hook) for layer in layers]
+    return reference, probe(model, examples, ["pattern"], list(METRICS), extra_hooks=extra, with_nll=with_nll,
+                            **kwargs)
+
+
+def settings(model: Any, examples: Examples, saobp_beta: float | torch.Tensor | None, layers: list[int], mode: Mode,
+             batch_size: int) -> dict[str, Any]:
+    """The settings an :class:`AttentionResult` records."""
+    beta_setting = saobp_beta.tolist() if isinstance(saobp_beta, torch.Tensor) else saobp_beta
+    return {"saobp_beta": beta_setting, "mode": mode, "layers": layers, "batch_size": batch_size,
+            "examples": dict(examples.settings), "model": getattr(getattr(model, "info", None), "name", "")}
+
+
+def attention_result(reference: ProbeResult, refined: ProbeResult | None, settings: dict[str, Any]
+                     ) -> AttentionResult:
+    """Per-head means over examples of the probes from :func:`attention_probes`."""
     table = _table(reference, "reference")
-    nll_ref = reference.nll
     nll_saobp = None
-    if saobp_beta is not None:
-        hook = saobp_hook(saobp_beta, mode=mode)  # validates beta and mode once
-        extra = [(hk.hook_point(model, "pattern", layer), hook) for layer in layer_list]
-        refined = probe(model, examples, ["pattern"], list(METRICS), extra_hooks=extra, with_nll=with_nll, **kwargs)
+    if refined is not None:
         table = pd.concat([table, _table(refined, "saobp")], ignore_index=True)
         nll_saobp = refined.nll
-    beta_setting = saobp_beta.tolist() if isinstance(saobp_beta, torch.Tensor) else saobp_beta
-    settings = {"saobp_beta": beta_setting, "mode": mode, "layers": layer_list, "batch_size": batch_size,
-                "examples": dict(examples.settings), "model": getattr(getattr(model, "info", None), "name", "")}
-    return AttentionResult(table=table, nll_reference=nll_ref, nll_saobp=nll_saobp, settings=settings)
+    return AttentionResult(table=table, nll_reference=reference.nll, nll_saobp=nll_saobp, settings=settings)
 
 
 def capture_patterns(model: Any, tokens: torch.Tensor, layers: Sequence[int], saobp_beta: float | None = None,

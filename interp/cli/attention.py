@@ -47,18 +47,24 @@ def _attention_args(p: argparse.ArgumentParser) -> None:
          _attention_args)
 def cmd_attention(args: argparse.Namespace) -> int:
     # imported on use: torch and the analyses take seconds to load; --help must not wait
-    from interp.attention.analysis import analyze, capture_patterns
+    from interp.attention.analysis import capture_patterns
     from interp.attention.metrics import METRICS
+    from interp.cli.shard import sharded_attention
     from interp.figures.attention import attention_map, metric_by_layer, metric_heatmap
     from interp.figures.style import export_static
     from interp.io import ensure_writable_dir, write_json
+    from interp.runtime.batching import device_of
+    from interp.runtime.distributed import pin_threads, process_group
 
     out = ensure_writable_dir(args.out)
     start = time.time()
+    pin_threads()
     model, examples = load_model_and_examples(args)
     layers = parse_ints(args.layers) if args.layers else None
-    result = analyze(model, examples, saobp_beta=args.beta or None, layers=layers, mode=args.mode,
-                     batch_size=args.batch_size, progress=not args.quiet and None)
+    with process_group(device_of(model)):  # torchrun: whole batches per rank, merged on rank 0 (interp.cli.shard)
+        result = sharded_attention(args, model, examples, args.beta or None, layers)
+    if result is None:  # a rank other than 0: its batches are in --out/parts
+        return 0
     result.to_frame().to_csv(out / "attention_by_head.csv", index=False)
     result.by_layer().to_csv(out / "attention_by_layer.csv", index=False)
     write_json(out / "attention.json", result.to_dict())

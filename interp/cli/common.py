@@ -336,7 +336,10 @@ def load_model_from_args(args: argparse.Namespace) -> Any:
 
     device_map = getattr(args, "device_map", None)
     if device_map is None:
-        return interp.load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+        device = args.device
+        if device == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: one GPU per rank
+            device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+        return interp.load_model(args.model, dtype=getattr(torch, args.dtype), device=device)
     return interp.load_model(args.model, dtype=getattr(torch, args.dtype), device_map=device_map,
                              max_memory=args.max_memory, offload_folder=args.offload_folder)
 

@@ -31,7 +31,6 @@ from interp.cli.common import (
     int_list,
     name_list,
     parse_ints,
-    set_threads,
 )
 from interp.cli.quant import spec_type
 from interp.quant.spec import report_specs
@@ -68,17 +67,30 @@ def prepare_pair(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     import interp
     from interp.cli.common import load_model_and_examples
     from interp.quant import error_split, parse_spec
+    from interp.runtime.distributed import pin_threads, world
 
-    set_threads(args)
+    pin_threads(args.threads)
     spec = parse_spec(args.method)
     reference, examples = load_model_and_examples(args)
     calibration = None
     if spec.needs_calibration:
         calibration = interp.load_examples(args.data, reference.tokenizer, n=args.calibration_n,
                                            seq_len=args.seq_len, seed=args.seed, split="calibration")
-    setup = error_split(reference, [spec], examples, store=Path(args.out) / "scores", calibration=calibration,
-                        split_on=str(spec), cache_dir=interp.models.cache_dir() / "quantized", top=args.top,
-                        seed=args.seed, batch_size=args.batch_size, progress=not args.quiet and None)
+    store, cache = Path(args.out) / "scores", interp.models.cache_dir() / "quantized"
+    common = dict(calibration=calibration, split_on=str(spec), cache_dir=cache, top=args.top, seed=args.seed,
+                  batch_size=args.batch_size, progress=not args.quiet and None)
+    if world()[2] > 1:  # torchrun: each rank scores its batches, then every rank reads the merged store
+        from interp.quant.apply import model_hash
+        from interp.quant.distributed import score_distributed
+        from interp.quant.store import ScoreStore
+
+        score_distributed(reference, [spec], examples, store, calibration=calibration, cache_dir=cache,
+                          batch_size=args.batch_size, progress=(not args.quiet and None) if world()[0] == 0 else False)
+        with ScoreStore(store) as scores:
+            errors = scores.errors_frame(model_hash(reference), [str(spec)], examples.ids, complete=False)
+        setup = error_split(reference, [spec], examples, errors=errors, **common)
+    else:
+        setup = error_split(reference, [spec], examples, store=store, **common)
     return reference, setup.quantized(spec), examples, setup.split
 
 
@@ -122,26 +134,30 @@ def _lens_args(p: argparse.ArgumentParser) -> None:
 
 @command("lens", "early exit (logit lens) per layer and top-k layer restoration, reference vs quantized", _lens_args)
 def cmd_lens(args: argparse.Namespace) -> int:
+    from interp.cli import shard
     from interp.figures import draw
     from interp.io import ensure_writable_dir
-    from interp.localize import lens, restoration
+    from interp.runtime.distributed import process_group
 
     experiments = _experiments(args.experiments)
     out = ensure_writable_dir(args.out)
     start = time.time()
-    reference, quantized, examples, split = prepare_pair(args)
-    progress = not args.quiet and None
-    if "early-exit" in experiments:
-        curves = lens.early_exit_curves({"reference": reference, "quantized": quantized},
-                                        {"D_large": split.large, "D_ctrl": split.ctrl}, at=args.at,
-                                        batch_size=args.batch_size, progress=progress)
+    with process_group(_group_device(args)):  # torchrun: whole batches per rank, merged on rank 0
+        reference, quantized, examples, split = prepare_pair(args)
+        curves = restored = None
+        if "early-exit" in experiments:
+            curves = shard.sharded_early_exit(args, {"reference": reference, "quantized": quantized},
+                                              {"D_large": split.large, "D_ctrl": split.ctrl})
+        if "restoration" in experiments:
+            restored = shard.sharded_restoration(args, quantized, reference, split.large,
+                                                 parse_ints(args.ks) if args.ks else None)
+    if not shard.is_main():  # a rank other than 0: its batches are in --out/parts
+        return 0
+    if curves is not None:
         table = curves.table().reset_index()
         _write(out, "early_exit", table, draw(curves))
         _show(f"Early exit ({args.at}); split layer on D_large: {curves.split_layer('D_large')}", table)
-    if "restoration" in experiments:
-        ks = parse_ints(args.ks) if args.ks else None
-        restored = restoration.restoration_sweep(quantized, reference, split.large, ks=ks,
-                                                 batch_size=args.batch_size, progress=progress)
+    if restored is not None:
         _write(out, "restoration", restored.table(), draw(restored))
         _show("Layer restoration on D_large", restored.table())
     _save_settings(out, args, reference, examples, split, time.time() - start)
@@ -190,30 +206,30 @@ def cmd_patch(args: argparse.Namespace) -> int:
     from interp.figures import draw
     from interp.io import ensure_writable_dir
     from interp.localize import patching
+    from interp.runtime.distributed import process_group
 
     experiments = _experiments(args.experiments)
     out = ensure_writable_dir(args.out)
     start = time.time()
-    reference, quantized, examples, split = prepare_pair(args)
-    components = [c.strip() for c in args.components.split(",") if c.strip()]
-    engine = {"batch_size": args.batch_size, "max_rows": args.max_rows, "progress": not args.quiet and None}
+    with process_group(_group_device(args)):  # torchrun: whole batches per rank, merged on rank 0
+        reference, quantized, examples, split = prepare_pair(args)
+        results = _patch_experiments(args, experiments, reference, quantized, split.large)
+    if results is None:  # a rank other than 0: its batches are in --out/parts
+        return 0
     d_large = split.large
-    if "table" in experiments:
-        result = patching.patching_table(reference, quantized, d_large, _layers(args.layers), components, **engine)
-        _write(out, "patching_table", result.table(), draw(result))
-        _show("Patching table (recovery = fraction of the perplexity gap closed)", result.table())
-    if "gate-input" in experiments:
-        comparison = patching.gate_input_vs_gate_weights(reference, quantized, d_large, _layers(args.layers), **engine)
+    if "table" in results:
+        _write(out, "patching_table", results["table"].table(), draw(results["table"]))
+        _show("Patching table (recovery = fraction of the perplexity gap closed)", results["table"].table())
+    if "gate-input" in results:
+        comparison = results["gate-input"]
         _write(out, "gate_input_vs_weights", comparison.table(), draw(comparison))
         _show("Gate input vs gate weights", comparison.table())
-    sweep = None
-    if "sweep" in experiments:
-        sweep = patching.layer_sweep(reference, quantized, d_large, components, _layers(args.layers), **engine)
+    sweep = results.get("sweep")
+    if sweep is not None:
         _write(out, "layer_sweep", sweep.table(), draw(sweep))
         _show("Per-layer sweep", sweep.table())
-    if "attribution" in experiments:
-        estimate = patching.attribution(quantized, reference, d_large, components,
-                                        batch_size=max(1, args.batch_size // 2), progress=engine["progress"])
+    if "attribution" in results:
+        estimate = results["attribution"]
         _write(out, "attribution", estimate.table(), draw(estimate))
         if sweep is not None:
             rho = patching.rank_agreement(estimate, sweep)
@@ -221,3 +237,55 @@ def cmd_patch(args: argparse.Namespace) -> int:
     _save_settings(out, args, reference, examples, split, time.time() - start)
     print(f"\nD_large {len(d_large)} of {len(examples)} examples, {time.time() - start:.0f} s. Saved to {out}/")
     return 0
+
+
+def _group_device(args: argparse.Namespace) -> str:
+    """The device this rank's model goes on (as :func:`interp.cli.common.load_model_from_args` picks it)."""
+    from interp.runtime.distributed import local_device
+
+    return local_device(args.device) if args.device == "cuda" else args.device
+
+
+def _patch_experiments(args: argparse.Namespace, experiments: list[str], reference: Any, quantized: Any,
+                       d_large: Any) -> dict[str, Any] | None:
+    """Each chosen experiment over the batches of D_large (:mod:`interp.cli.shard`); ``None`` off rank 0.
+
+    Every experiment is the library function run on one batch at a time (the same batches as one
+    process runs), so each example's values are those :func:`~interp.localize.patching.patching_table`
+    and the others give on the whole set; rank 0 rebuilds the results from them.
+    """
+    from interp.cli import shard
+    from interp.localize import patching
+    from interp.localize.patching.patches import joint_patches, resolve_layers
+    from interp.localize.restoration import restore_layers
+    from interp.runtime.scoring import nll
+
+    components = [c.strip() for c in args.components.split(",") if c.strip()]
+    engine = {"batch_size": args.batch_size, "max_rows": args.max_rows, "progress": False}
+    layers = _layers(args.layers)
+    results: dict[str, Any] = {}
+    if "table" in experiments:
+        results["table"] = shard.sharded_patch(
+            args, "table", lambda sub: patching.patching_table(reference, quantized, sub, layers, components, **engine),
+            quantized, d_large)
+    if "gate-input" in experiments:  # gate_input_vs_gate_weights, its restored copy built once, not per batch
+        chosen = resolve_layers(quantized, layers)
+        restored = restore_layers(quantized, reference, chosen, roles=["gate"])
+
+        def gate_input(sub: Any) -> Any:
+            patched = patching.patch(quantized, reference, sub, joint_patches(["gate_input"], chosen), **engine)
+            return patching.GateInputComparison(patched=patched, layers=chosen,
+                                                restored_nll=nll(restored, sub, batch_size=args.batch_size).double())
+
+        results["gate-input"] = shard.sharded_gate_input(args, gate_input, quantized, d_large)
+        del restored
+    if "sweep" in experiments:
+        results["sweep"] = shard.sharded_patch(
+            args, "sweep", lambda sub: patching.layer_sweep(reference, quantized, sub, components, layers, **engine),
+            quantized, d_large)
+    if "attribution" in experiments:
+        half = max(1, args.batch_size // 2)
+        results["attribution"] = shard.sharded_attribution(
+            args, lambda sub: patching.attribution(quantized, reference, sub, components, batch_size=half,
+                                                   progress=False), quantized, d_large, half)
+    return results if shard.is_main() else None

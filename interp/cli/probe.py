@@ -55,14 +55,20 @@ def cmd_probe(args: argparse.Namespace) -> int:
     # imported on use: torch and the analyses take seconds to load; --help must not wait
     import pandas as pd
 
+    from interp.cli.shard import sharded_probe
     from interp.io import ensure_writable_dir
-    from interp.probes import probe
+    from interp.runtime.batching import device_of
+    from interp.runtime.distributed import pin_threads, process_group
 
     out = ensure_writable_dir(args.out)
     start = time.time()
+    pin_threads(getattr(args, "threads", None))
     model, examples = load_model_and_examples(args)
-    result = probe(model, examples, args.components.split(","), args.reducers.split(","),
-                   batch_size=args.batch_size, progress=not args.quiet and None)
+    with process_group(device_of(model)):
+        result = sharded_probe(args, model, examples, components=args.components.split(","),
+                               reducers=args.reducers.split(","))
+    if result is None:  # a rank other than 0 under torchrun: its batches are in --out/parts
+        return 0
     result.save(out)
     summary = result.summary()
     summary.to_csv(out / "summary.csv")

@@ -32,6 +32,14 @@ def _check_screenshot(args: argparse.Namespace) -> None:
         check_writable_file(args.screenshot, "--screenshot")
 
 
+def _refuse_torchrun(args: argparse.Namespace) -> None:
+    """Under torchrun every rank would run the whole report into the same folder: refused, with what does shard."""
+    from interp.cli.shard import refuse_under_torchrun
+
+    refuse_under_torchrun("report", "its stages share one resumable folder and several of them, quantization "
+                                    "with calibration among them, are not split into batches")
+
+
 def _report_args(p: argparse.ArgumentParser) -> None:
     from interp.report.run import ReportSettings
 
@@ -64,7 +72,7 @@ def _report_args(p: argparse.ArgumentParser) -> None:
                    help="also write OUT/report.html: one page with plotly.js inlined (~5 MB) that works on its own")
     p.add_argument("--screenshot", default=None, help="also save a headless-Chromium screenshot of the page here")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_checks(p, check_loads_model, check_data, check_out, _check_screenshot)
+    add_checks(p, _refuse_torchrun, check_loads_model, check_data, check_out, _check_screenshot)
 
 
 @command("report", "run every analysis and write the offline HTML report (resumable)", _report_args)

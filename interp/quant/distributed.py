@@ -54,38 +54,14 @@ from interp.quant.outputs import score_summary, write_score_outputs
 from interp.quant.spec import MethodSpec, parse_spec, split_specs
 from interp.quant.store import STORE_FILE, ScoreStore, _unique_specs, score
 from interp.runtime.batching import device_of
+from interp.runtime.distributed import cores, local_device, shard_bounds, world
 
 __all__ = ["score_distributed", "shard_bounds", "shard_path", "merge_shards", "local_device", "world"]
 
 
 # ---------------------------------------------------------------------------------------
-# Environment
-
-
-def world() -> tuple[int, int, int]:
-    """``(rank, local_rank, world_size)`` from the variables torchrun sets (``(0, 0, 1)`` without)."""
-    return (int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")),
-            int(os.environ.get("WORLD_SIZE", "1")))
-
-
-def local_device(device: str = "auto") -> str:
-    """The device this rank should load its model on: ``cuda:LOCAL_RANK`` when CUDA is there, else ``cpu``.
-
-    Args:
-        device: ``"auto"`` (as above), ``"cuda"`` (becomes ``cuda:LOCAL_RANK``), or any explicit device.
-    """
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        return f"cuda:{world()[1]}"
-    return device
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+# Environment (world, local_device and shard_bounds live in interp.runtime.distributed, which
+# every sharded command shares; they are re-exported here for scripts that import them from here)
 
 
 def _init(model: Any) -> tuple[Any, bool]:
@@ -105,30 +81,7 @@ def _init(model: Any) -> tuple[Any, bool]:
 
 
 # ---------------------------------------------------------------------------------------
-# Sharding and merging
-
-
-def shard_bounds(n: int, batch_size: int, rank: int, world_size: int) -> tuple[int, int]:
-    """The block ``[start, end)`` of ``n`` examples that ``rank`` of ``world_size`` scores.
-
-    Blocks are whole batches: the ``ceil(n / batch_size)`` batches of a single-process run
-    are split into ``world_size`` contiguous runs of batches (sizes differ by at most one),
-    so every block starts at a multiple of ``batch_size``. A rank's own batches are then
-    exactly the single-process run's batches (the short last batch, if any, falls to the last
-    rank). That matters because a forward's floating-point result can depend on which rows
-    share a batch (GEMM blocking and reduction order change with the batch shape), so other
-    batches could change the scores in the last bits. With identical batches the distributed
-    result is the single-process result, and a store scored with any world size (or resumed
-    with another one) holds the same numbers.
-    """
-    if batch_size < 1:
-        raise InterpError(f"batch_size must be at least 1; got {batch_size}.")
-    if not 0 <= rank < world_size:
-        raise InterpError(f"rank {rank} is outside a world of size {world_size}.")
-    n_batches = -(-n // batch_size)
-    first = rank * n_batches // world_size
-    last = (rank + 1) * n_batches // world_size
-    return min(n, first * batch_size), min(n, last * batch_size)
+# Merging
 
 
 def _main_path(store: Any) -> Path:
@@ -232,7 +185,7 @@ def score_distributed(
         raise InterpError("score_distributed needs a store path (each rank opens its own shard), not an open store.")
     if len(set(examples.ids)) != len(examples.ids):
         raise InterpError("score needs unique example ids; these examples repeat some.")
-    torch.set_num_threads(max(1, _cores() // size))
+    torch.set_num_threads(max(1, cores() // size))
     dist, created = _init(reference)
     try:
         names = [str(s) for s in _unique_specs(specs)]
