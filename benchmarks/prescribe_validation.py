@@ -241,7 +241,7 @@ def verdicts(table: pd.DataFrame) -> list[str]:
 
 def agreement(scores: Any) -> None:
     """Where the sensitivity sits, by role and half of the layers, against the localization's gate/down-late finding."""
-    table = scores.table()
+    table = scores.table(n_boot=1000)
     half = (max(scores.layers) + 1) // 2
     total, params = table["score"].sum(), table["weights"].sum()
     lines = ["| role | score share, lower half | score share, upper half | parameter share, upper half |",
@@ -258,7 +258,20 @@ def agreement(scores: Any) -> None:
                   f"alone lowered the calibration NLL). Sensitivity pass: {scores.settings.get('seconds', 0):.0f} s "
                   f"for {len(table)} weights on {scores.settings.get('n')} x {scores.settings.get('seq_len')} tokens "
                   f"({scores.settings.get('model_forwards', 0):.0f} model-forward equivalents)."]
+    lines += ["", reliability(scores, table)]
     replace_block("agreement", "\n".join(lines))
+
+
+def reliability(scores: Any, table: pd.DataFrame) -> str:
+    """How repeatable the per-weight scores are: split-half (odd against even examples), Spearman-Brown corrected."""
+    import numpy as np
+
+    odd, even = scores.per_example[:, 1::2].mean(1), scores.per_example[:, ::2].mean(1)
+    r = float(np.corrcoef(odd, even)[0, 1])
+    with_zero = int(((table["low"] <= 0) & (table["high"] >= 0)).sum()) if "low" in table else -1
+    return (f"Reliability: the scores on odd and on even calibration examples correlate at r = {r:.2f} over the "
+            f"{len(table)} weights (split-half; Spearman-Brown {2 * r / (1 + r):.2f} for the full set), and "
+            f"{with_zero} of {len(table)} weights have a 95% bootstrap interval that contains 0.")
 
 
 if __name__ == "__main__":
