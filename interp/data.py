@@ -512,6 +512,31 @@ def left_aligned(tokens: Tokens, mask: torch.Tensor) -> tuple[Tokens, torch.Tens
     return tokens.gather(1, order), mask.sum(dim=1)
 
 
+def real_lengths(examples: Examples) -> torch.Tensor:
+    """Real (unpadded) tokens per row, ``[N]``.
+
+    Example:
+        >>> rows = Examples.from_tokens(torch.zeros(2, 5, dtype=torch.long))
+        >>> real_lengths(rows).tolist()
+        [5, 5]
+    """
+    if examples.attention_mask is None or not examples.padded:
+        return torch.full((len(examples),), examples.seq_len, dtype=torch.long)
+    return examples.attention_mask.sum(dim=1).long()
+
+
+def check_same_real_lengths(examples: Examples, source_examples: Examples, what: str, fix: str = "") -> None:
+    """Raise :class:`DataError` unless each row of ``examples`` and its row of ``source_examples`` hold the
+    same number of real tokens; the message starts with ``what`` (the analysis and why it pairs rows)
+    and ends with ``fix``."""
+    target, source = real_lengths(examples), real_lengths(source_examples)
+    bad = target != source
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise DataError(f"{what}; example {examples.ids[row]!r} has {int(target[row])} tokens and its source "
+                        f"{int(source[row])}.{fix}")
+
+
 def aligned_rows(examples: Examples, start: int, end: int, device: Any = None) -> tuple[Tokens, torch.Tensor | None]:
     """Rows ``start:end`` of ``examples`` on ``device``, ready for a causal forward.
 

@@ -56,7 +56,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.data import Examples, aligned_rows
+from interp.data import Examples, aligned_rows, real_lengths
 from interp.display import ResultDisplay
 from interp.errors import DataError, InterpError
 from interp.runtime import hooks as hk
@@ -195,12 +195,6 @@ def _positions(positions: int | Sequence[int], n: int) -> Tensor:
     return pos.clone()
 
 
-def _row_lengths(examples: Examples) -> Tensor:
-    if examples.attention_mask is None or not examples.padded:
-        return torch.full((len(examples),), examples.seq_len, dtype=torch.long)
-    return examples.attention_mask.sum(dim=1).long()
-
-
 def _checked(model: Any, examples: Examples, target: TokenChoice, versus: TokenChoice | None,
              positions: int | Sequence[int]) -> tuple[Tensor, Tensor | None, Tensor]:
     """Targets, versus tokens and each row's position (counted from its first real token), all checked."""
@@ -212,7 +206,7 @@ def _checked(model: Any, examples: Examples, target: TokenChoice, versus: TokenC
     for name, column in (("target", targets), ("versus", others)):
         if column is not None and bool(((column < 0) | (column >= vocab)).any()):
             raise DataError(f"{name}= token ids must lie in 0..{vocab - 1}.")
-    lengths = _row_lengths(examples)
+    lengths = real_lengths(examples)
     pos = _positions(positions, n)
     rows = torch.where(pos < 0, lengths + pos, pos)
     bad = (rows < 0) | (rows >= lengths)

@@ -54,22 +54,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.data import Examples
+from interp.data import Examples, aligned_rows
 from interp.display import ResultDisplay
 from interp.errors import InterpError, NonFiniteError
-from interp.localize.patching.engine import _check_pair, _metric_values
-from interp.localize.patching.metrics import Metric, _metric
-from interp.localize.paths import (
-    Receiver,
-    Sender,
-    _capture,
-    _checked_receivers,
-    _checked_rows,
-    _checked_senders,
-    _out_point,
-    _rows,
-    _sender_points,
-)
+from interp.localize.patching.engine import _metric_values
+from interp.localize.patching.metrics import Metric
+from interp.localize.paths import Receiver, Sender, _capture, _checked_inputs, _out_point, _sender_hooks, _sender_points
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of
 
@@ -134,31 +124,8 @@ def _sender_deltas(model: Any, tokens: Tensor, senders: list[Sender], clean: dic
                   - hk.reader(model, "z", s.layer)(clean[("z", s.layer)]))[:, :, s.head]
             deltas.append(dz @ hk.per_head_w_o(model, s.layer)[s.head].T.to(dz.dtype))
         return deltas
-    b = tokens.shape[0]
     out: dict[int, Tensor] = {}
-
-    def patch(j: int, s: Sender) -> Callable[[Tensor, Any], Tensor]:
-        def fn(x: Tensor, hook: Any) -> Tensor:
-            x = x.clone()
-            rows = slice(j * b, (j + 1) * b)
-            if s.kind == "head":
-                x = hk.reader(model, "z", s.layer)(x) if x.ndim == 3 else x
-                x[rows, :, s.head] = source[("z", s.layer)][:, :, s.head]
-            else:
-                x[rows] = source[("down", s.layer)]
-            return x
-        return fn
-
-    def read(j: int, s: Sender) -> Callable[[Tensor, Any], None]:
-        def fn(x: Tensor, hook: Any) -> None:
-            out[j] = x[j * b : (j + 1) * b].detach() - clean[_out_point(s)]
-        return fn
-
-    hooks: list[tuple[str, Callable[..., Any]]] = []
-    for j, s in enumerate(senders):
-        hooks.append((hk.hook_point(model, *_sender_points([s])[0]), patch(j, s)))
-        hooks.append((hk.hook_point(model, *_out_point(s)), read(j, s)))
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+    with torch.no_grad(), model.hooks(fwd_hooks=_sender_hooks(model, senders, tokens.shape[0], clean, source, out)):
         hk.decoder_body(model)(input_ids=tokens.repeat(len(senders), 1))
     return [out[j] for j in range(len(senders))]
 
@@ -260,18 +227,14 @@ def edge_attribution(
     """
     if isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 1:
         raise InterpError(f"ig_steps must be a positive integer (1 is plain EAP); got {ig_steps!r}.")
-    senders_ = _checked_senders(model, senders)
-    receivers_ = _checked_receivers(model, receivers, senders_)
-    metric_ = _metric(metric)
-    _check_pair(model, model, examples, source_examples)
-    _checked_rows(examples, source_examples)
+    senders_, receivers_, metric_ = _checked_inputs(model, examples, senders, receivers, source_examples, metric)
     listed: list[Any] = ["logits"] if receivers_ == "logits" else list(receivers_)
     n, device = len(examples), device_of(model)
     scores = torch.zeros(len(senders_), len(listed), n, dtype=torch.float64)
     points = [*_sender_points(senders_), *(_out_point(s) for s in senders_), ("resid_pre", 0)]
     for start, end in batches(n, batch_size):
-        tokens, lengths = _rows(examples, start, end, device)
-        source_tokens, _ = _rows(source_examples, start, end, device)
+        tokens, lengths = aligned_rows(examples, start, end, device)
+        source_tokens, _ = aligned_rows(source_examples, start, end, device)
         index = torch.arange(start, end)
         clean, _ = _capture(model, tokens, points)
         source, _ = _capture(model, source_tokens, [*_sender_points(senders_), ("resid_pre", 0)])

@@ -59,7 +59,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.data import Examples, left_aligned
+from interp.data import Examples, aligned_rows, check_same_real_lengths
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, DataError, NonFiniteError
 from interp.localize.patching.engine import _check_pair, _metric_values, _takes_lengths
@@ -161,25 +161,17 @@ def _checked_receivers(model: Any, receivers: Sequence[Receiver] | str, senders:
     return out
 
 
-def _checked_rows(examples: Examples, source_examples: Examples) -> None:
-    def lengths(ex: Examples) -> Tensor:
-        if ex.attention_mask is None or not ex.padded:
-            return torch.full((len(ex),), ex.seq_len, dtype=torch.long)
-        return ex.attention_mask.sum(dim=1)
-
-    bad = lengths(examples) != lengths(source_examples)
-    if bool(bad.any()):
-        row = int(bad.nonzero()[0, 0])
-        raise DataError(f"Path patching pairs each target row with a source row of the same real length; example "
-                        f"{examples.ids[row]!r} has {int(lengths(examples)[row])} tokens and its source "
-                        f"{int(lengths(source_examples)[row])}. Fill one template with different words.")
-
-
-def _rows(examples: Examples, start: int, end: int, device: Any) -> tuple[Tensor, Tensor | None]:
-    tokens = examples.tokens[start:end].to(device)
-    if examples.attention_mask is None or not examples.padded:
-        return tokens, None
-    return left_aligned(tokens, examples.attention_mask[start:end].to(device))
+def _checked_inputs(model: Any, examples: Examples, senders: Sequence[Sender], receivers: Sequence[Receiver] | str,
+                    source_examples: Examples, metric: Metric | str | None
+                    ) -> tuple[list[Sender], list[Receiver] | str, Metric]:
+    """The checks every path-level analysis makes (path patching, its textbook loop, edge attribution)."""
+    senders_ = _checked_senders(model, senders)
+    receivers_ = _checked_receivers(model, receivers, senders_)
+    metric_ = _metric(metric)
+    _check_pair(model, model, examples, source_examples)
+    check_same_real_lengths(examples, source_examples, "Path patching pairs each target row with a source row of "
+                            "the same real length", " Fill one template with different words.")
+    return senders_, receivers_, metric_
 
 
 # ---------------------------------------------------------------------------------------
@@ -210,12 +202,12 @@ def _out_point(s: Sender) -> tuple[str, int]:
     return ("attn_out", s.layer) if s.kind == "head" else ("down", s.layer)
 
 
-def _window(model: Any, tokens: Tensor, senders: list[Sender], receivers: list[Receiver] | str,
-            clean: dict[tuple[str, int], Tensor], source: dict[tuple[str, int], Tensor]) -> Tensor:
-    """Steps 2 and 3 for a window of senders stacked along the rows: the patched logits ``[J*B, T, vocab]``."""
-    b, n_layers = tokens.shape[0], hk.n_layers(model)
-    stacked = tokens.repeat(len(senders), 1)
-    delta: dict[int, Tensor] = {}  # sender j -> its change where it enters the residual [B, T, d]
+def _sender_hooks(model: Any, senders: list[Sender], b: int, clean: dict[tuple[str, int], Tensor],
+                  source: dict[tuple[str, int], Tensor], delta: dict[int, Tensor]
+                  ) -> list[tuple[str, Callable[..., Any]]]:
+    """Hooks for senders stacked along the rows (``b`` rows each): sender ``j``'s rows get its output
+    from the source run, and ``delta[j]`` receives its change where it enters the residual stream
+    (after its output norm where the model has one), against the target run ``clean``."""
 
     def patch_sender(j: int, s: Sender) -> Callable[[Tensor, Any], Tensor]:
         def fn(x: Tensor, hook: Any) -> Tensor:
@@ -234,6 +226,20 @@ def _window(model: Any, tokens: Tensor, senders: list[Sender], receivers: list[R
             delta[j] = x[j * b : (j + 1) * b].detach() - clean[_out_point(s)]
         return fn
 
+    hooks: list[tuple[str, Callable[..., Any]]] = []
+    for j, s in enumerate(senders):
+        hooks.append((hk.hook_point(model, *_sender_points([s])[0]), patch_sender(j, s)))
+        hooks.append((hk.hook_point(model, *_out_point(s)), read_delta(j, s)))
+    return hooks
+
+
+def _window(model: Any, tokens: Tensor, senders: list[Sender], receivers: list[Receiver] | str,
+            clean: dict[tuple[str, int], Tensor], source: dict[tuple[str, int], Tensor]) -> Tensor:
+    """Steps 2 and 3 for a window of senders stacked along the rows: the patched logits ``[J*B, T, vocab]``."""
+    b, n_layers = tokens.shape[0], hk.n_layers(model)
+    stacked = tokens.repeat(len(senders), 1)
+    delta: dict[int, Tensor] = {}  # sender j -> its change where it enters the residual [B, T, d]
+
     def resid_with_delta(layer: int, key: tuple[str, int]) -> Callable[[Tensor, Any], Tensor]:
         def fn(x: Tensor, hook: Any) -> Tensor:
             x = x.clone()
@@ -250,10 +256,7 @@ def _window(model: Any, tokens: Tensor, senders: list[Sender], receivers: list[R
             recorded[key] = hk.reader(model, key[0], key[1])(x.detach())
         return fn
 
-    step2: list[tuple[str, Callable[..., Any]]] = []
-    for j, s in enumerate(senders):
-        step2.append((hk.hook_point(model, "z" if s.kind == "head" else "down", s.layer), patch_sender(j, s)))
-        step2.append((hk.hook_point(model, *_out_point(s)), read_delta(j, s)))
+    step2 = _sender_hooks(model, senders, b, clean, source, delta)
     if receivers == "logits":
         key = ("resid_post", n_layers - 1)
         step2.append((hk.hook_point(model, *key), resid_with_delta(n_layers, key)))
@@ -321,11 +324,7 @@ def path_patch(
     Returns:
         A :class:`PathPatchResult`.
     """
-    senders_ = _checked_senders(model, senders)
-    receivers_ = _checked_receivers(model, receivers, senders_)
-    metric_ = _metric(metric)
-    _check_pair(model, model, examples, source_examples)
-    _checked_rows(examples, source_examples)
+    senders_, receivers_, metric_ = _checked_inputs(model, examples, senders, receivers, source_examples, metric)
     if examples.padded and not _takes_lengths(metric_):
         raise DataError(f"The metric {type(metric_).__name__} takes no lengths=, so it cannot read padded rows.")
     n, device = len(examples), device_of(model)
@@ -336,8 +335,8 @@ def path_patch(
     points += [("resid_pre", layer) for layer in range(hk.n_layers(model))]
     points.append(("resid_post", hk.n_layers(model) - 1))
     for start, end in batches(n, batch_size):
-        tokens, lengths = _rows(examples, start, end, device)
-        source_tokens, _ = _rows(source_examples, start, end, device)
+        tokens, lengths = aligned_rows(examples, start, end, device)
+        source_tokens, _ = aligned_rows(source_examples, start, end, device)
         index = torch.arange(start, end)
         clean, clean_logits = _capture(model, tokens, points)
         source, source_logits = _capture(model, source_tokens, _sender_points(senders_))
@@ -380,11 +379,7 @@ def path_patch_naive(
 ) -> PathPatchResult:
     """The three steps of the definition, one sender and one example at a time, freezing every
     other head's ``z`` and every MLP output explicitly. Slow; the reference for :func:`path_patch`."""
-    senders_ = _checked_senders(model, senders)
-    receivers_ = _checked_receivers(model, receivers, senders_)
-    metric_ = _metric(metric)
-    _check_pair(model, model, examples, source_examples)
-    _checked_rows(examples, source_examples)
+    senders_, receivers_, metric_ = _checked_inputs(model, examples, senders, receivers, source_examples, metric)
     n_layers, n = hk.n_layers(model), len(examples)
     values = torch.empty(len(senders_), n, dtype=torch.float64)
     target_values, source_values = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)

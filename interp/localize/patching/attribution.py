@@ -28,7 +28,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.data import Examples, aligned_rows
+from interp.data import Examples, aligned_rows, check_same_real_lengths
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, DataError, InterpError
 from interp.localize.patching.engine import _check_pair, _metric_values, _settings, _takes_lengths
@@ -87,7 +87,8 @@ def attribution(
     """
     source_examples = source_examples if source_examples is not None else examples
     _check_pair(target, source, examples, source_examples)
-    _same_real_lengths(examples, source_examples)
+    check_same_real_lengths(examples, source_examples, "Attribution patching compares each target row with a source "
+                            "row of the same real length, position by position")
     metric_ = _metric(metric)
     if (examples.padded or source_examples.padded) and not _takes_lengths(metric_):
         raise DataError(f"The metric {type(metric_).__name__} takes no lengths=, so it cannot skip pad positions.")
@@ -141,21 +142,6 @@ def _attribute_batch(target: Any, readout: Readout, metric: Metric, tokens: Toke
             delta = source_cache[point] - acts[point].detach()
             out[i] = (delta * grad).flatten(start_dim=1).sum(dim=1).double().cpu()
     return out
-
-
-def _same_real_lengths(examples: Examples, source_examples: Examples) -> None:
-    """Each target row and its source row hold the same number of real tokens (padding may differ)."""
-    def lengths(ex: Examples) -> Tensor:
-        if ex.attention_mask is None or not ex.padded:
-            return torch.full((len(ex),), ex.seq_len, dtype=torch.long)
-        return ex.attention_mask.sum(dim=1)
-
-    bad = lengths(examples) != lengths(source_examples)
-    if bool(bad.any()):
-        row = int(bad.nonzero()[0, 0])
-        raise DataError(f"Attribution patching compares each target row with a source row of the same real length, "
-                        f"position by position; example {examples.ids[row]!r} has {int(lengths(examples)[row])} "
-                        f"tokens and its source {int(lengths(source_examples)[row])}.")
 
 
 def rank_agreement(estimated: AttributionResult, exact: PatchResult) -> float:
