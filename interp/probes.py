@@ -50,6 +50,7 @@ from interp.data import Examples, counted_positions, left_aligned
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, DataError, InterpError, NonFiniteError
 from interp.io import ensure_writable_dir, read_safetensors, write_json
+from interp.models import model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import StopForward, batches, check_examples, check_memory, device_of, show_progress
 from interp.runtime.scoring import token_nll
@@ -354,7 +355,7 @@ def probe(
             bar.update(end - start)
     bar.close()
     settings = {
-        "model": getattr(getattr(model, "info", None), "name", "model"),
+        "model": model_name(model),
         "components": list(components), "reducers": list(reducers), "batch_size": batch_size,
         "exclude_bos": exclude_bos, "examples": dict(examples.settings),
     }

@@ -59,6 +59,7 @@ from tqdm.auto import tqdm
 from interp.data import Examples, aligned_rows, real_lengths
 from interp.display import ResultDisplay
 from interp.errors import DataError, InterpError
+from interp.models import model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_examples, device_of, show_progress
 
@@ -258,7 +259,7 @@ def logit_attribution(
         parts.append(_batch(model, tokens, rows[start:end].to(device), targets[start:end].to(device),
                             None if others is None else others[start:end].to(device)))
     merged = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
-    name = getattr(getattr(model, "info", None), "name", "model")
+    name = model_name(model)
     settings = {"model": name, "target": targets.tolist(), "versus": None if others is None else others.tolist(),
                 "positions": rows.tolist(), "batch_size": batch_size, "examples": dict(examples.settings),
                 "decomposition": "frozen final-norm scale"}

@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 from interp.data import Examples, aligned_rows
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, InterpError, NonFiniteError
+from interp.models import model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import StopForward, batches, check_context, show_progress
 from interp.runtime.readout import DEFAULT_MAX_LOGITS, Readout
@@ -166,7 +167,7 @@ def early_exit(
         bar.update(end - start)
     bar.close()
     _check_finite(nll, examples, "early exit")
-    settings = {"model": getattr(getattr(model, "info", None), "name", "model"), "batch_size": batch_size,
+    settings = {"model": model_name(model), "batch_size": batch_size,
                 "examples": dict(examples.settings)}
     return EarlyExitResult(nll=nll.float(), layers=layers, ids=list(examples.ids), at=at, settings=settings)
 

@@ -64,6 +64,7 @@ from interp.display import ResultDisplay
 from interp.errors import ComponentError, DataError, NonFiniteError
 from interp.localize.patching.engine import _check_pair, _metric_values, _takes_lengths
 from interp.localize.patching.metrics import Metric, _metric
+from interp.models import model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of
 
@@ -351,7 +352,7 @@ def path_patch(
                                  lengths=None if lengths is None else lengths.repeat(j))
             values[w : w + j, start:end] = got.view(j, end - start).cpu()
     return _path_result(values, target_values, source_values, senders_, receivers_, examples, metric_,
-                        {"model": getattr(getattr(model, "info", None), "name", "model"), "batch_size": batch_size,
+                        {"model": model_name(model), "batch_size": batch_size,
                          "max_rows": max_rows, "examples": dict(examples.settings)})
 
 
@@ -395,7 +396,7 @@ def path_patch_naive(
             logits = _naive_one(model, tokens, s, receivers_, clean, source)
             values[j, i] = metric_.from_logits(logits, tokens, index)[0]
     return _path_result(values, target_values, source_values, senders_, receivers_, examples, metric_,
-                        {"model": getattr(getattr(model, "info", None), "name", "model"), "naive": True})
+                        {"model": model_name(model), "naive": True})
 
 
 def _one_row(examples: Examples, i: int) -> Tensor:

@@ -44,7 +44,7 @@ from interp.data import Examples, aligned_rows, counted_positions
 from interp.errors import InterpError
 from interp.io import read_safetensors
 from interp.localize.lens import EarlyExitResult
-from interp.models import model_hash
+from interp.models import model_hash, model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_context, show_progress
 from interp.runtime.capture import capture as capture_residuals
@@ -158,7 +158,7 @@ def fit_tuned_lens(model: Any, examples: Examples, batch_size: int = 8, ridge: f
         r2.append(1 - rss / total_ss if total_ss > 0 else float("nan"))
     settings = {"fit": "ridge least squares to the final normalised hidden state", "ridge": ridge,
                 "tokens": rows, "r2_by_layer": r2, "examples": dict(examples.settings),
-                "model": getattr(getattr(model, "info", None), "name", "model")}
+                "model": model_name(model)}
     return TunedLens(torch.stack(weights), torch.stack(biases), layers, settings)
 
 
@@ -209,7 +209,7 @@ def tuned_early_exit(model: Any, lens: TunedLens, examples: Examples, batch_size
                 nll[i, start:end] = readout.mean_nll(pred, tokens[:, 1:], kept, normed=True).cpu()
         bar.update(end - start)
     bar.close()
-    settings = {"model": getattr(getattr(model, "info", None), "name", "model"), "lens": "tuned",
+    settings = {"model": model_name(model), "lens": "tuned",
                 "batch_size": batch_size, "examples": dict(examples.settings)}
     return EarlyExitResult(nll=nll.float(), layers=list(layers), ids=list(examples.ids), at="resid_post",
                            settings=settings)

@@ -70,7 +70,7 @@ from interp import models
 from interp.data import Examples
 from interp.errors import ComponentError, InterpError, SpecError
 from interp.io import ensure_writable_dir, write_json
-from interp.models import model_hash  # a model's identity lives with the models; re-exported here
+from interp.models import model_hash, model_name  # model_hash is re-exported here
 from interp.quant.calibration import FEEDER_VERSION, LayerFeeder, OutOfOrder
 from interp.quant.methods import LayerInputs, quantize_weight, relative_error
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
@@ -126,6 +126,15 @@ class QuantInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass
+class QuantLog:
+    """What quantizing collects block by block (times, weight errors); :class:`QuantInfo` is built from it once."""
+
+    layer_seconds: list[float] = field(default_factory=list)
+    role_seconds: dict[str, float] = field(default_factory=dict)
+    relative_errors: dict[str, float] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------
@@ -232,7 +241,7 @@ def quantize(
     qmodel = copy.deepcopy(model)
     qmodel.eval()
     info = _quantize_weights(qmodel, spec, calibration, reference_hash,
-                             getattr(getattr(model, "info", None), "name", "model"), progress, batch_size)
+                             model_name(model), progress, batch_size)
     _label(qmodel, model, info)
     return qmodel
 
@@ -265,13 +274,7 @@ def _quantize_weights(qmodel: Any, spec: MethodSpec, calibration: Examples | Non
     block ``l`` changes (the in-place path keeps the reference's weights there).
     """
     n = hooks.n_layers(qmodel)
-    info = QuantInfo(
-        spec=str(spec),
-        reference_hash=reference_hash,
-        reference_name=name,
-        calibration=_calibration_record(calibration),
-        algorithm=algorithm_version(spec),
-    )
+    log = QuantLog()
     bar = tqdm(total=n, desc=f"quantize {spec.method}{spec.bits}", unit="layer", disable=not show_progress(progress))
     start = time.perf_counter()
     feeder = None
@@ -284,33 +287,36 @@ def _quantize_weights(qmodel: Any, spec: MethodSpec, calibration: Examples | Non
         if before_layer is not None:
             before_layer(layer)
         with placement.onloaded(qmodel, [layer]):
-            calibration_seconds += _quantize_block(qmodel, layer, spec, feeder, info)
-        info.layer_seconds.append(time.perf_counter() - layer_start)
+            calibration_seconds += _quantize_block(qmodel, layer, spec, feeder, log)
+        log.layer_seconds.append(time.perf_counter() - layer_start)
         bar.update(1)
     bar.close()
-    return dataclasses.replace(info, calibration_seconds=calibration_seconds)
+    return QuantInfo(spec=str(spec), reference_hash=reference_hash, reference_name=name,
+                     calibration=_calibration_record(calibration), layer_seconds=log.layer_seconds,
+                     role_seconds=log.role_seconds, calibration_seconds=calibration_seconds,
+                     relative_errors=log.relative_errors, algorithm=algorithm_version(spec))
 
 
-def _quantize_block(qmodel: Any, layer: int, spec: MethodSpec, feeder: LayerFeeder | None, info: QuantInfo) -> float:
+def _quantize_block(qmodel: Any, layer: int, spec: MethodSpec, feeder: LayerFeeder | None, log: QuantLog) -> float:
     """Quantize block ``layer`` in place, sub-layer group by group; returns calibration seconds."""
     slots = hooks.linear_weights(qmodel, layer)
     groups = [roles for group in SHARED_INPUT_GROUPS if (roles := [r for r in group if r in slots])]
     if feeder is None:
         for roles in groups:
-            _quantize_group(slots, roles, layer, spec, None, info)
+            _quantize_group(slots, roles, layer, spec, None, log)
         return 0.0
     if feeder.pauses is None:
-        seconds, outputs = _first_calibrated_block(feeder, slots, groups, layer, spec, info)
+        seconds, outputs = _first_calibrated_block(feeder, slots, groups, layer, spec, log)
     elif feeder.pauses:
-        seconds, outputs = _calibrated_block_paused(feeder, slots, groups, layer, spec, info)
+        seconds, outputs = _calibrated_block_paused(feeder, slots, groups, layer, spec, log)
     else:
-        seconds, outputs = _calibrated_block_rerun(feeder, slots, groups, layer, spec, info)
+        seconds, outputs = _calibrated_block_rerun(feeder, slots, groups, layer, spec, log)
     feeder.advance(layer, outputs)
     return seconds
 
 
 def _quantize_group(slots: dict[str, Any], roles: list[str], layer: int, spec: MethodSpec, inputs: Any,
-                    info: QuantInfo) -> None:
+                    log: QuantLog) -> None:
     """Quantize the linear layers ``roles`` of one block, which read one input (``inputs``: its LayerInputs)."""
     for role in roles:
         # [out, in] even where the model stores [in, out] (GPT-2's Conv1D) or fuses q/k/v
@@ -318,8 +324,8 @@ def _quantize_group(slots: dict[str, Any], roles: list[str], layer: int, spec: M
         weight = slots[role].read().detach()
         tick = time.perf_counter()
         quantized = quantize_weight(weight, spec.for_module(layer, role), inputs)  # a plan's own width
-        info.role_seconds[role] = info.role_seconds.get(role, 0.0) + time.perf_counter() - tick
-        info.relative_errors[f"{layer}.{role}"] = relative_error(weight, quantized)
+        log.role_seconds[role] = log.role_seconds.get(role, 0.0) + time.perf_counter() - tick
+        log.relative_errors[f"{layer}.{role}"] = relative_error(weight, quantized)
         slots[role].write(quantized)
 
 
@@ -329,7 +335,7 @@ def _layer_inputs(X: torch.Tensor, spec: MethodSpec) -> LayerInputs:
 
 
 def _calibrated_block_paused(feeder: LayerFeeder, slots: dict[str, Any], groups: list[list[str]], layer: int,
-                             spec: MethodSpec, info: QuantInfo, record: list[torch.Tensor] | None = None,
+                             spec: MethodSpec, log: QuantLog, record: list[torch.Tensor] | None = None,
                              ) -> tuple[float, list[torch.Tensor]]:
     """One forward of the block per batch, paused at each group's input.
 
@@ -343,7 +349,7 @@ def _calibrated_block_paused(feeder: LayerFeeder, slots: dict[str, Any], groups:
             seconds += time.perf_counter() - tick
             if record is not None:
                 record.append(X)
-            _quantize_group(slots, roles, layer, spec, _layer_inputs(X, spec), info)
+            _quantize_group(slots, roles, layer, spec, _layer_inputs(X, spec), log)
         tick = time.perf_counter()
         outputs = block.outputs()
         seconds += time.perf_counter() - tick
@@ -351,21 +357,21 @@ def _calibrated_block_paused(feeder: LayerFeeder, slots: dict[str, Any], groups:
 
 
 def _calibrated_block_rerun(feeder: LayerFeeder, slots: dict[str, Any], groups: list[list[str]], layer: int,
-                            spec: MethodSpec, info: QuantInfo) -> tuple[float, list[torch.Tensor]]:
+                            spec: MethodSpec, log: QuantLog) -> tuple[float, list[torch.Tensor]]:
     """The block re-run from its start for each group's input, and once more for its output."""
     seconds = 0.0
     for roles in groups:
         tick = time.perf_counter()
         X = feeder.inputs(layer, roles[0])
         seconds += time.perf_counter() - tick
-        _quantize_group(slots, roles, layer, spec, _layer_inputs(X, spec), info)
+        _quantize_group(slots, roles, layer, spec, _layer_inputs(X, spec), log)
     tick = time.perf_counter()
     outputs = feeder.outputs(layer)
     return seconds + time.perf_counter() - tick, outputs
 
 
 def _first_calibrated_block(feeder: LayerFeeder, slots: dict[str, Any], groups: list[list[str]], layer: int,
-                            spec: MethodSpec, info: QuantInfo) -> tuple[float, list[torch.Tensor]]:
+                            spec: MethodSpec, log: QuantLog) -> tuple[float, list[torch.Tensor]]:
     """The paused forward on the first block, checked bit for bit against re-running it; the re-run if they differ.
 
     The check re-runs the block up to each group's input with the groups before it
@@ -378,7 +384,7 @@ def _first_calibrated_block(feeder: LayerFeeder, slots: dict[str, Any], groups: 
     originals = {role: slots[role].read().detach().clone() for role in roles}
     recorded: list[torch.Tensor] = []
     try:
-        seconds, outputs = _calibrated_block_paused(feeder, slots, groups, layer, spec, info, record=recorded)
+        seconds, outputs = _calibrated_block_paused(feeder, slots, groups, layer, spec, log, record=recorded)
         feeder.pauses = _replays(feeder, slots, groups, layer, originals, recorded, outputs)
     except OutOfOrder:  # the block reached the groups' inputs out of order
         feeder.pauses = False
@@ -386,7 +392,7 @@ def _first_calibrated_block(feeder: LayerFeeder, slots: dict[str, Any], groups: 
         return seconds, outputs
     for role in roles:
         slots[role].write(originals[role])
-    return _calibrated_block_rerun(feeder, slots, groups, layer, spec, info)
+    return _calibrated_block_rerun(feeder, slots, groups, layer, spec, log)
 
 
 def _replays(feeder: LayerFeeder, slots: dict[str, Any], groups: list[list[str]], layer: int,

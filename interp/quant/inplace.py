@@ -41,6 +41,7 @@ from interp import models
 from interp.data import Examples
 from interp.errors import InterpError
 from interp.io import ensure_writable_dir
+from interp.models import model_name
 from interp.quant.apply import (
     WEIGHTS_FILE,
     QuantInfo,
@@ -67,7 +68,7 @@ def quantize_in_place(model: Any, spec: str | MethodSpec, calibration: Examples 
     ``stash.restore_all()``; :func:`quantized_in_place` does both.
     """
     parsed, calibration = _checked_request(model, spec, calibration)
-    name = getattr(getattr(model, "info", None), "name", "model")
+    name = model_name(model)
     return _quantize_weights(model, parsed, calibration, model_hash(model), name, progress, batch_size,
                              before_layer=stash.save)
 

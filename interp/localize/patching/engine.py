@@ -50,6 +50,7 @@ from interp.errors import ComponentError, DataError, InterpError, NonFiniteError
 from interp.localize.patching.metrics import Metric, PerRow, _metric
 from interp.localize.patching.patches import Patch
 from interp.localize.patching.results import PatchResult
+from interp.models import model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_examples, check_finite_weights, device_of, show_progress
 from interp.runtime.capture import capture
@@ -293,7 +294,7 @@ def _source_keys(patches: Sequence[Patch]) -> list[Key]:
 
 def _settings(target: Any, source: Any, examples: Examples, batch_size: int, **extra: Any) -> dict[str, Any]:
     def name(model: Any) -> str:
-        return str(getattr(getattr(model, "info", None), "name", "model"))
+        return str(model_name(model))
 
     return {"target": name(target), "source": name(source), "batch_size": batch_size,
             "examples": dict(examples.settings), **extra}
