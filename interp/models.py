@@ -119,6 +119,27 @@ class ModelInfo:
         return asdict(self)
 
 
+def info_of(model: Any) -> ModelInfo:
+    """``model.info`` (the one home of a model's metadata), or a clear error when ``model`` has none.
+
+    Example:
+        >>> import interp
+        >>> info_of(interp.tiny_model("llama")).n_layers, model_name(interp.tiny_model("llama")) != "model"
+        (2, True)
+    """
+    info = getattr(model, "info", None)
+    if not isinstance(info, ModelInfo):
+        raise ModelLoadError(f"a {type(model).__name__} has no interp ModelInfo: wrap it with "
+                             "interp.load_model(model, tokenizer=...) first.")
+    return info
+
+
+def model_name(model: Any, default: str = "model") -> str:
+    """The name results record for ``model``: ``model.info.name``, or ``default`` for a bare module."""
+    info = getattr(model, "info", None)
+    return info.name if isinstance(info, ModelInfo) else default
+
+
 def cache_dir() -> Path:
     """Where converted models live: ``$INTERP_CACHE`` or ``~/.cache/interp``.
 
