@@ -62,6 +62,7 @@ from interp.localize.patching.metrics import Metric
 from interp.localize.paths import Receiver, Sender, _capture, _checked_inputs, _out_point, _sender_hooks, _sender_points
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of
+from interp.typing import Model
 
 _ATTENTION_NORMS = ("input_layernorm", "ln_1")
 
@@ -200,7 +201,7 @@ def _receiver_grads(model: Any, tokens: Tensor, embeds: Tensor, receivers: list[
 
 
 def edge_attribution(
-    model: Any,
+    model: Model,
     examples: Examples,
     senders: Sequence[Sender],
     receivers: Sequence[Receiver] | str = "logits",
@@ -253,6 +254,5 @@ def edge_attribution(
     if not torch.isfinite(scores).all():
         raise NonFiniteError("Edge attribution produced NaN/inf scores: check the model's weights.")
     return EdgeAttribution(scores=scores, senders=senders_, receivers=listed, ids=list(examples.ids),
-                           metric=metric_.name, settings={"model": getattr(getattr(model, "info", None), "name",
-                                                                           "model"),
+                           metric=metric_.name, settings={"model": model.info.name,
                                                           "ig_steps": ig_steps, "batch_size": batch_size})
