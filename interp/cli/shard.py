@@ -91,7 +91,14 @@ def probe_result(gathered: Gathered, examples: Examples, prefix: str = "", meta:
 
 def sharded_probe(args: argparse.Namespace, model: Any, examples: Examples, **kwargs: Any) -> Any:
     """:func:`interp.probes.probe` over the batches (``None`` on ranks other than 0)."""
-    from interp.probes import probe
+    from interp.probes import _full_bytes, probe
+    from interp.runtime import hooks as hk
+    from interp.runtime.batching import check_memory
+
+    if "full" in kwargs.get("reducers", ()):  # rank 0 holds every batch's capture at the end, as probe() would
+        n, seq_len = examples.tokens.shape
+        need = sum(_full_bytes(model, c, n, seq_len, hk.n_layers(model)) for c in kwargs.get("components", ()))
+        check_memory(need, "Keeping full activations", 0.5)
 
     def compute(sub: Examples) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         return probe_parts(probe(model, sub, batch_size=args.batch_size, progress=False, **kwargs))
