@@ -36,6 +36,7 @@ import torch
 import interp
 from interp.models import export_hf
 from interp.quant import quantize
+from interp.quant.methods._common import MinMaxGrid
 from interp.runtime import hooks
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -53,8 +54,6 @@ def integer_zero_points() -> Iterator[None]:
     ``rtn``'s default); this patches the grid fitter it calls, for this comparison only, so the
     row isolates the algorithm from the grid convention.
     """
-    from interp.quant.methods._common import MinMaxGrid
-
     original = MinMaxGrid.__dict__["fit"]
 
     def fit(cls, values, bits, dim=-1, integer_zero=False):
@@ -65,6 +64,25 @@ def integer_zero_points() -> Iterator[None]:
         yield
     finally:
         MinMaxGrid.fit = original
+
+
+def on_static_grid(pairs, bits: int) -> float:
+    """Share of gptqmodel's weights that sit on the integer-zero-point min-max grid of their original group.
+
+    With static groups every dequantized weight is such a grid point, levels 0 .. 2^bits - 1, so
+    this checks that the weights were read out of gptqmodel correctly (orientation, zero-point layout).
+    gptqmodel stores the scales in float16 (relative rounding <= 2^-11), which moves level q by up to
+    q * 2^-11; the tolerance is twice the largest such shift.
+    """
+    tolerance = (2**bits - 1) * 2.0**-10
+    on, total = 0, 0
+    for W, theirs in pairs.values():
+        grid = MinMaxGrid.fit(W.reshape(W.shape[0], -1, GROUP), bits, integer_zero=True)
+        levels = theirs.reshape(W.shape[0], -1, GROUP) * grid.inv_scale + grid.zero
+        on += int((((levels - levels.round()).abs() <= tolerance) & (levels.round() >= 0)
+                   & (levels.round() <= 2**bits - 1)).sum())
+        total += levels.numel()
+    return on / total
 
 
 def calibration_examples(model):
@@ -132,6 +150,7 @@ def compare(work: Path, n: int, out: Path) -> None:
             spec += " (grid patched to integer zero-points)"
         theirs, pairs = with_library_weights(model, load_file(str(path)))
         same, rel = weight_agreement(ours, pairs, bits)
+        theirs_on_grid = on_static_grid(pairs, bits)
         e_ours = interp.nll(ours, examples).double() - reference
         e_theirs = errors.get(f"theirs|{OURS.format(b=bits)}")
         e_theirs = (interp.nll(theirs, examples).double() - reference if e_theirs is None
@@ -139,6 +158,7 @@ def compare(work: Path, n: int, out: Path) -> None:
         rows.append({"ours": spec, "library": settings["library"], "bits": bits, "group": GROUP,
                      "library_settings": json.dumps({k: settings[k] for k in ("desc_act", "damp_percent", "sym")}),
                      "same_level_share": same, "relative_weight_difference": rel,
+                     "theirs_on_static_int_grid": theirs_on_grid,
                      "pearson": float(torch.corrcoef(torch.stack([e_ours, e_theirs]))[0, 1]),
                      "top10_jaccard": top_jaccard(e_ours, e_theirs), "mean_error_ours": float(e_ours.mean()),
                      "mean_error_theirs": float(e_theirs.mean()), "n": len(examples),

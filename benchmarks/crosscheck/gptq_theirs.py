@@ -22,6 +22,7 @@ from pathlib import Path
 def quantize(work: Path, bits: int, group: int, desc_act: bool, damp: float, sym: bool) -> None:
     import torch
     from gptqmodel import GPTQModel, QuantizeConfig
+    from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
     from safetensors.torch import load_file, save_file
 
     tokens = load_file(str(work / "calibration.safetensors"))["input_ids"]
@@ -33,14 +34,20 @@ def quantize(work: Path, bits: int, group: int, desc_act: bool, damp: float, sym
     start = time.time()
     model = GPTQModel.load(str(work / "reference"), config, device="cpu", dtype=torch.float32)
     model.quantize(calibration, batch_size=8)
-    weights = {}
+    weights, formats = {}, set()
     for name, module in model.model.named_modules():
         if hasattr(module, "dequantize_weight") and hasattr(module, "qweight"):
             if module.qweight.is_meta:
                 raise SystemExit(f"{name}: gptqmodel left the packed weight on the meta device")
-            W = module.dequantize_weight()  # [d_in, d_out] in gptqmodel's torch kernel
-            d_out = module.out_features
-            W = W.T if W.shape[0] != d_out else W
+            # the packed zero-points are in GPTQ's v1 layout (zero - 1) after quantize(), while
+            # dequantize_weight() reads them as v2 (zero): convert with gptqmodel's own function first,
+            # or every weight comes out one grid step high
+            formats.add(module.qzero_format())
+            if module.qzero_format() == 1:
+                convert_gptq_v1_to_v2_format_module(module, bits, module.pack_dtype)
+            W = module.dequantize_weight().T  # gptqmodel's torch kernel gives [d_in, d_out], square ones too
+            if W.shape != (module.out_features, module.in_features):
+                raise SystemExit(f"{name}: dequantize_weight() gave {tuple(W.shape)}")
             weights[f"{name}.weight"] = W.float().contiguous()
     if not weights:
         raise SystemExit("gptqmodel left no quantized linear layer with dequantize_weight(); nothing to compare.")
@@ -50,6 +57,7 @@ def quantize(work: Path, bits: int, group: int, desc_act: bool, damp: float, sym
     settings = {"library": f"gptqmodel {gptqmodel.__version__}", "torch": torch.__version__, "bits": bits,
                 "group_size": group, "desc_act": desc_act, "static_groups": True, "damp_percent": damp, "sym": sym,
                 "n_calibration": len(calibration), "n_layers_quantized": len(weights),
+                "qzero_format_after_quantize": sorted(formats),
                 "seconds": round(time.time() - start, 1)}
     (work / f"theirs-gptq{bits}.json").write_text(json.dumps(settings, indent=1) + "\n")
     print(json.dumps(settings), flush=True)

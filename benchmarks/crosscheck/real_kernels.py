@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from crosscheck import top_jaccard  # noqa: E402
 
 
-def bnb_model(reference, folder: Path):
+def bnb_model(reference, fake, folder: Path):
+    """The bnb model, and the largest |bnb dequantized - fake-quant weight| as loaded (before any forward)."""
     import bitsandbytes
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
@@ -46,7 +47,25 @@ def bnb_model(reference, folder: Path):
     if len(layers) != 210 or blocksizes != {64} or any(not n.startswith("model.layers.") for n, _ in layers):
         raise SystemExit(f"expected the 210 block linears as Linear4bit with blocksize 64; got {len(layers)} "
                          f"layers, blocksizes {blocksizes}")
-    return interp.load_model(hf, tokenizer=reference.tokenizer, name="smollm2-135m bnb-nf4"), layers
+    fake_hf = canonical_state_dict(fake)  # Hugging Face names
+    as_loaded = max(float((kernel_weight(m) - fake_hf[f"{n}.weight"].detach()).abs().max()) for n, m in layers)
+    return interp.load_model(hf, tokenizer=reference.tokenizer, name="smollm2-135m bnb-nf4"), layers, as_loaded
+
+
+def kernel_weight(module) -> torch.Tensor:
+    """The weight a Linear4bit multiplies by: before its first forward, bitsandbytes' own dequantization;
+    after it, probed through the kernel itself (``module(I) = I W^T``, no bias here).
+
+    On a CPU with AVX512-BF16 the first eval forward repacks the codes for bitsandbytes' CPU kernel
+    and stores the block absmax in bfloat16, so the probe is what that kernel computes with.
+    """
+    import bitsandbytes.functional as bnbf
+
+    data, state = module.weight.data, module.weight.quant_state
+    if not getattr(state, "packing_format_for_cpu", False):
+        return bnbf.dequantize_4bit(data, state).float()
+    with torch.no_grad():
+        return module(torch.eye(module.in_features)).T.float()
 
 
 def figure(e_fake: torch.Tensor, e_real: torch.Tensor, path: Path, pearson: float) -> None:
@@ -82,20 +101,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         export_hf(reference, Path(tmp) / "reference")
         start = time.time()
-        real, layers = bnb_model(reference, Path(tmp) / "reference")
-        # the codes the kernel multiplies by, dequantized: the same weights as the fake-quant model's?
-        fake_hf = canonical_state_dict(fake)  # Hugging Face names
-        weight_max_diff = max(float((bitsandbytes.functional.dequantize_4bit(m.weight.data, m.weight.quant_state)
-                                     .float() - fake_hf[f"{n}.weight"].detach()).abs().max()) for n, m in layers)
+        real, layers, as_loaded = bnb_model(reference, fake, Path(tmp) / "reference")
         real_nll = interp.nll(real, examples).double()
         seconds_real = time.time() - start
+        fake_hf = canonical_state_dict(fake)
+        diff2 = sum(float(((kernel_weight(m) - fake_hf[f"{n}.weight"].detach()) ** 2).sum()) for n, m in layers)
+        ref2 = sum(float((fake_hf[f"{n}.weight"].detach() ** 2).sum()) for n, _ in layers)
+        in_kernel = max(float((kernel_weight(m) - fake_hf[f"{n}.weight"].detach()).abs().max()) for n, m in layers)
+        packed = sorted({bool(getattr(m.weight.quant_state, "packing_format_for_cpu", False)) for _, m in layers})
+        absmax_dtypes = sorted({str(m.weight.quant_state.absmax.dtype) for _, m in layers})
+        avx512bf16 = sorted({bool(getattr(m, "support_avx512bf16_for_cpu", False)) for _, m in layers})
     e_fake, e_real = fake_nll - ref_nll, real_nll - ref_nll
     pearson = float(torch.corrcoef(torch.stack([e_fake, e_real]))[0, 1])
     result = {
         "real": "transformers BitsAndBytesConfig nf4 blocksize 64, fp32 compute: bitsandbytes "
                 f"{bitsandbytes.__version__} Linear4bit (gemm_4bit on CPU)",
         "fake": "interp nf:bits=4,group=64", "n": len(examples), "seq_len": 128, "seed": 0,
-        "weights_max_abs_diff": weight_max_diff,
+        "weights_max_abs_diff_as_loaded": as_loaded, "weights_max_abs_diff_in_kernel": in_kernel,
+        "weights_relative_difference_in_kernel": (diff2 / ref2) ** 0.5,
+        "cpu_repacked": packed, "kernel_absmax_dtype": absmax_dtypes, "avx512bf16": avx512bf16,
         "pearson": pearson, "top10_jaccard": top_jaccard(e_fake, e_real),
         "mean_error_fake": float(e_fake.mean()), "mean_error_real": float(e_real.mean()),
         "mean_difference_real_minus_fake": float((e_real - e_fake).mean()),

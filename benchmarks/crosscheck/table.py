@@ -85,12 +85,16 @@ def kernels() -> str | None:
         return None
     k = json.loads((DATA / "kernels.json").read_text())
     return "\n".join([
-        "| real kernel | fake quant | n | weights max abs diff | Pearson (errors) | top-10% Jaccard "
-        "| mean error fake | mean error real | mean real - fake | max abs NLL diff |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        f"| {k['real']} | `{k['fake']}` | {k['n']} | {k['weights_max_abs_diff']:.1e} | {fmt(k['pearson'], 6)} "
-        f"| {fmt(k['top10_jaccard'], 2)} | {fmt(k['mean_error_fake'], 5)} | {fmt(k['mean_error_real'], 5)} "
-        f"| {k['mean_difference_real_minus_fake']:.1e} | {k['max_abs_nll_difference']:.1e} |"])
+        "| real kernel | fake quant | n | weights max abs diff, as loaded | in the kernel (relative) "
+        "| Pearson (errors) | top-10% Jaccard | mean error fake | mean error real | mean real - fake "
+        "| max abs NLL diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| {k['real']}; CPU repacked: {k['cpu_repacked']}, absmax {', '.join(k['kernel_absmax_dtype'])} "
+        f"| `{k['fake']}` | {k['n']} | {k['weights_max_abs_diff_as_loaded']:.1e} "
+        f"| {k['weights_max_abs_diff_in_kernel']:.1e} ({k['weights_relative_difference_in_kernel']:.1e}) "
+        f"| {fmt(k['pearson'], 4)} | {fmt(k['top10_jaccard'], 2)} | {fmt(k['mean_error_fake'], 4)} "
+        f"| {fmt(k['mean_error_real'], 4)} | {k['mean_difference_real_minus_fake']:.1e} "
+        f"| {k['max_abs_nll_difference']:.1e} |"])
 
 
 def export_nll() -> str | None:
