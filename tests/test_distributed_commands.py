@@ -208,3 +208,31 @@ def test_report_refuses_torchrun_before_loading_a_model(monkeypatch: pytest.Monk
     assert code != 0
     assert "does not split its work" in err and "interp probe" in err and "docs/scaling.md" in err
     assert not (tmp_path / "r").exists()
+
+
+FAILING_DRIVER = """
+import sys, torch
+from interp.data import Examples
+from interp.runtime.distributed import map_batches, world
+
+def compute(sub):
+    if world()[0] == 1:
+        raise ValueError("rank 1 breaks")
+    return {"x": sub.tokens.float()}, {}
+
+map_batches(compute, Examples.from_tokens(torch.zeros(8, 4, dtype=torch.long)), 2, sys.argv[1])
+"""
+
+
+@pytest.mark.slow
+def test_a_failing_rank_stops_the_others_instead_of_leaving_them_at_a_barrier(tmp_path: Path) -> None:
+    script = tmp_path / "fail.py"
+    script.write_text(FAILING_DRIVER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), str(script), str(tmp_path / "parts")]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "rank 1 breaks" in result.stderr and "Another rank failed" in result.stderr
+    assert len(list((tmp_path / "parts").glob("*.safetensors"))) == 2  # rank 0's finished batches are kept

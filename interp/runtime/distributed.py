@@ -242,6 +242,19 @@ def _load_part(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return tensors, meta
 
 
+def _agree(dist: Any, failed: bool) -> None:
+    """A barrier that also tells every rank whether any rank failed (then the others raise too)."""
+    if dist is None:
+        return
+    backend = dist.get_backend()
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    flag = torch.tensor([1 if failed else 0], device=device)
+    dist.all_reduce(flag)
+    if int(flag.item()) and not failed:
+        raise InterpError(f"Another rank failed while computing its batches ({int(flag.item())} of "
+                          f"{world()[2]}); its own error says why. Finished batches are kept: rerun to resume.")
+
+
 def map_batches(
     compute: Compute,
     examples: Examples,
@@ -288,18 +301,22 @@ def map_batches(
         if dist is not None:
             dist.barrier()  # the folder is ready (or emptied) before any rank writes into it
         bar = tqdm(total=len(mine), desc=desc, unit="batch", disable=rank != 0 or not show_progress(progress))
-        for s, e in mine:
-            path = folder / part_name(s, e) if folder is not None else None
-            if path is None or not path.is_file():
-                tensors, meta = compute(examples.subset(list(range(s, e))))
-                if path is not None:
-                    _save_part(path, tensors, meta, e - s)
-                else:
-                    held[(s, e)] = ({k: v.detach().cpu() for k, v in tensors.items()}, dict(meta))
-            bar.update(1)
-        bar.close()
-        if dist is not None:
-            dist.barrier()  # every batch is on disk
+        try:
+            for s, e in mine:
+                path = folder / part_name(s, e) if folder is not None else None
+                if path is None or not path.is_file():
+                    tensors, meta = compute(examples.subset(list(range(s, e))))
+                    if path is not None:
+                        _save_part(path, tensors, meta, e - s)
+                    else:
+                        held[(s, e)] = ({k: v.detach().cpu() for k, v in tensors.items()}, dict(meta))
+                bar.update(1)
+        except BaseException:
+            _agree(dist, failed=True)  # the other ranks learn of it instead of waiting at a barrier
+            raise
+        finally:
+            bar.close()
+        _agree(dist, failed=False)  # every batch is on disk (or some rank failed: then all stop)
         if rank != 0:
             return None
         loaded = [held[(s, e)] if folder is None else _load_part(folder / part_name(s, e)) for s, e in grid]
