@@ -203,7 +203,7 @@ DRAWERS[LogitAttribution] = logit_attribution
 def top_edges(table: Any, k: int = 15, title: str | None = None) -> go.Figure:
     """Horizontal bars of the ``k`` edges with the largest absolute ``score`` in ``table`` (columns
     ``edge`` and ``score``, as :meth:`~interp.localize.eap.EdgeAttribution.table` gives), largest on top;
-    red where the edge raises the metric, blue where it lowers it.
+    blue where the edge raises the metric, red where it lowers it (the signs of the RdBu heatmaps).
 
     Example:
         >>> import pandas as pd
@@ -212,7 +212,7 @@ def top_edges(table: Any, k: int = 15, title: str | None = None) -> go.Figure:
         (['c', 'b'], [0.5, -2.0])
     """
     ranked = table.reindex(table["score"].abs().sort_values(ascending=False).index).head(k)[::-1]
-    colors = [PALETTE[1] if v > 0 else PALETTE[0] for v in ranked["score"]]
+    colors = [PALETTE[0] if v > 0 else PALETTE[1] for v in ranked["score"]]
     fig = go.Figure(go.Bar(x=list(ranked["score"]), y=list(ranked["edge"]), orientation="h", marker_color=colors))
     fig.update_layout(height=max(400, 28 * len(ranked) + 150))
     fig = styled(fig, title or f"Edge attribution: the {len(ranked)} largest edges", "estimated change of the metric",
