@@ -62,6 +62,7 @@ from interp.errors import DataError, InterpError
 from interp.models import model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_examples, device_of, show_progress
+from interp.typing import Model
 
 TokenChoice = int | Sequence[int] | Tensor
 
@@ -219,7 +220,7 @@ def _checked(model: Any, examples: Examples, target: TokenChoice, versus: TokenC
 
 
 def logit_attribution(
-    model: Any,
+    model: Model,
     examples: Examples,
     target: TokenChoice,
     *,

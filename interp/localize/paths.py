@@ -67,6 +67,7 @@ from interp.localize.patching.metrics import Metric, _metric
 from interp.models import model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of
+from interp.typing import Model
 
 Receiver = tuple[int, int, str]  # (layer, head, "q" | "k" | "v")
 RECEIVER_INPUTS = ("q", "k", "v")
@@ -299,7 +300,7 @@ def _step3(model: Any, stacked: Tensor, b: int, senders: list[Sender], receivers
 
 
 def path_patch(
-    model: Any,
+    model: Model,
     examples: Examples,
     senders: Sequence[Sender],
     receivers: Sequence[Receiver] | str = "logits",
@@ -370,7 +371,7 @@ def _path_result(values: Tensor, target: Tensor, source: Tensor, senders: list[S
 
 
 def path_patch_naive(
-    model: Any,
+    model: Model,
     examples: Examples,
     senders: Sequence[Sender],
     receivers: Sequence[Receiver] | str = "logits",
