@@ -104,9 +104,9 @@ def prepare(work: Path) -> None:
 
 
 def hf_names(model) -> dict[str, str]:
-    """``"{layer}.{role}"`` -> the Hugging Face parameter name of that block weight."""
+    """``"{layer}.{role}"`` -> the Hugging Face parameter name of that block weight (bridge wrappers dropped)."""
     by_id = {id(module): name for name, module in model.original_model.named_modules()}
-    return {f"{layer}.{role}": f"{by_id[id(slot.module)]}.weight"
+    return {f"{layer}.{role}": f"{by_id[id(slot.module)]}.weight".replace("._original_component", "")
             for layer in range(hooks.n_layers(model)) for role, slot in hooks.linear_weights(model, layer).items()}
 
 

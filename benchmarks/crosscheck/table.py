@@ -89,7 +89,9 @@ def kernels() -> str | None:
         "| Pearson (errors) | top-10% Jaccard | mean error fake | mean error real | mean real - fake "
         "| max abs NLL diff |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
-        f"| {k['real']}; CPU repacked: {k['cpu_repacked']}, absmax {', '.join(k['kernel_absmax_dtype'])} "
+        f"| bitsandbytes Linear4bit, NF4, blocksize 64, fp32 compute_dtype; repacked for the AVX512-BF16 CPU "
+        f"kernel: {'yes' if k['cpu_repacked'] == [True] else k['cpu_repacked']}, absmax "
+        f"{', '.join(d.removeprefix('torch.') for d in k['kernel_absmax_dtype'])} "
         f"| `{k['fake']}` | {k['n']} | {k['weights_max_abs_diff_as_loaded']:.1e} "
         f"| {k['weights_max_abs_diff_in_kernel']:.1e} ({k['weights_relative_difference_in_kernel']:.1e}) "
         f"| {fmt(k['pearson'], 4)} | {fmt(k['top10_jaccard'], 2)} | {fmt(k['mean_error_fake'], 4)} "
