@@ -215,7 +215,8 @@ def _text_value(value: Any, where: str) -> str:
 
 
 def check_encodable(text: str, where: str) -> str:
-    """``text`` unchanged, or a :class:`~interp.errors.DataError` when it holds a lone surrogate (no UTF-8 form, so no tokens).
+    """``text`` unchanged, or a :class:`~interp.errors.DataError` when it holds a lone surrogate (no UTF-8 form,
+    so no tokens).
 
     JSON's ``"\\ud800"`` escapes and strings built from raw bytes with ``surrogateescape`` carry
     them; tokenizers then fail deep inside with a TypeError.
@@ -526,9 +527,9 @@ def real_lengths(examples: Examples) -> torch.Tensor:
 
 
 def check_same_real_lengths(examples: Examples, source_examples: Examples, what: str, fix: str = "") -> None:
-    """Raise :class:`DataError` unless each row of ``examples`` and its row of ``source_examples`` hold the
-    same number of real tokens; the message starts with ``what`` (the analysis and why it pairs rows)
-    and ends with ``fix``."""
+    """Raise :class:`~interp.errors.DataError` unless each row of ``examples`` and its row of
+    ``source_examples`` hold the same number of real tokens; the message starts with ``what`` (the
+    analysis and why it pairs rows) and ends with ``fix``."""
     target, source = real_lengths(examples), real_lengths(source_examples)
     bad = target != source
     if bool(bad.any()):

@@ -46,7 +46,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 
 def read_safetensors(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
-    """The tensors of a safetensors file written by interp, or a :class:`~interp.errors.DataError` naming ``what`` and the fix.
+    """The tensors of a safetensors file written by interp, or a :class:`~interp.errors.DataError` naming
+    ``what`` and the fix.
 
     A zero-byte, truncated or foreign file is refused from its header (safetensors checks the
     header's claimed size against the file's before reading), so nothing large is allocated.

@@ -54,6 +54,7 @@ from interp.models import model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import StopForward, batches, check_examples, check_memory, device_of, show_progress
 from interp.runtime.scoring import token_nll
+from interp.typing import Model
 
 # ---------------------------------------------------------------------------------------
 # Reducers: activation [batch, pos, ...] -> per-example values [batch, ...]
@@ -258,13 +259,13 @@ class ProbeResult(ResultDisplay):
 # Running
 
 
-def _full_bytes(model: Any, component: str, n_examples: int, seq_len: int, n_layers: int) -> int:
+def _full_bytes(model: Model, component: str, n_examples: int, seq_len: int, n_layers: int) -> int:
     """Bytes a float32 ``full`` capture takes: the component record's width (d_mlp for ``mlp_pre``...)."""
     return hk.capture_bytes(model, component, n_examples, seq_len, n_layers)
 
 
 def probe(
-    model: Any,
+    model: Model,
     examples: Examples,
     components: Sequence[str] = ("resid_mid", "resid_post", "h", "gate"),
     reducers: Sequence[str] = ("norm",),
@@ -363,11 +364,13 @@ def probe(
                        nll=torch.cat(nll_chunks) if with_nll else None)
 
 
-def _pairs(model: Any, components: Sequence[str], reducers: Sequence[str], layers: list[int]) -> list[tuple[str, str]]:
+def _pairs(model: Model | None, components: Sequence[str], reducers: Sequence[str], layers: list[int]
+           ) -> list[tuple[str, str]]:
     """The validated (component, reducer) pairs: each reducer applies to every component it fits."""
     pairs = []
     for component in components:
-        for layer in layers:
+        for layer in layers:  # model None (the CLI's early check) comes with no layers
+            assert model is not None
             hk.hook_point(model, component, layer)  # validates
         fitting = [r for r in reducers if r == "full" or (r in ATTENTION_REDUCERS) == (component == "pattern")]
         if not fitting:
@@ -383,7 +386,7 @@ def _pairs(model: Any, components: Sequence[str], reducers: Sequence[str], layer
 class _ProbeRun:
     """The reducing consumers of one probe call, and how they are attached to the model."""
 
-    def __init__(self, model: Any, pairs: list[tuple[str, str]], layers: list[int], exclude_bos: bool,
+    def __init__(self, model: Model, pairs: list[tuple[str, str]], layers: list[int], exclude_bos: bool,
                  n_examples: int) -> None:
         self.model, self.exclude_bos = model, exclude_bos
         # [n_layers, N, ...] tables, allocated at the first value (its trailing shape) and

@@ -45,3 +45,7 @@ class Model(Protocol):
     def hooks(self, *args: Any, **kwargs: Any) -> Any:
         """A context manager that attaches forward hooks for its duration."""
         ...
+
+    def __getattr__(self, name: str) -> Any:
+        """The rest of the bridge (``blocks``, ``run_with_hooks``, ``unembed``, ...), untyped as transformer-lens is."""
+        ...

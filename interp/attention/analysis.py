@@ -32,6 +32,7 @@ from interp.data import Examples
 from interp.display import ResultDisplay
 from interp.probes import ProbeResult, probe
 from interp.runtime import hooks as hk
+from interp.typing import Model
 
 if TYPE_CHECKING:
     from interp.attention.saobp import Mode
@@ -108,7 +109,7 @@ def _table(stats: Any, variant: str) -> pd.DataFrame:
 
 
 def analyze(
-    model: Any,
+    model: Model,
     examples: Examples,
     saobp_beta: float | torch.Tensor | None = None,
     layers: Sequence[int] | None = None,
@@ -151,7 +152,7 @@ def analyze(
     return attention_result(reference, refined, settings(model, examples, saobp_beta, layer_list, mode, batch_size))
 
 
-def attention_probes(model: Any, examples: Examples, saobp_beta: float | torch.Tensor | None, layers: list[int],
+def attention_probes(model: Model, examples: Examples, saobp_beta: float | torch.Tensor | None, layers: list[int],
                      mode: Mode, batch_size: int, with_nll: bool, progress: bool | None
                      ) -> tuple[ProbeResult, ProbeResult | None]:
     """The per-example half of :func:`analyze`: the probe of every metric, then (with ``saobp_beta``) the
@@ -168,7 +169,7 @@ def attention_probes(model: Any, examples: Examples, saobp_beta: float | torch.T
                             **kwargs)
 
 
-def settings(model: Any, examples: Examples, saobp_beta: float | torch.Tensor | None, layers: list[int], mode: Mode,
+def settings(model: Model, examples: Examples, saobp_beta: float | torch.Tensor | None, layers: list[int], mode: Mode,
              batch_size: int) -> dict[str, Any]:
     """The settings an :class:`AttentionResult` records."""
     beta_setting = saobp_beta.tolist() if isinstance(saobp_beta, torch.Tensor) else saobp_beta
@@ -187,7 +188,7 @@ def attention_result(reference: ProbeResult, refined: ProbeResult | None, settin
     return AttentionResult(table=table, nll_reference=reference.nll, nll_saobp=nll_saobp, settings=settings)
 
 
-def capture_patterns(model: Any, tokens: torch.Tensor, layers: Sequence[int], saobp_beta: float | None = None,
+def capture_patterns(model: Model, tokens: torch.Tensor, layers: Sequence[int], saobp_beta: float | None = None,
                      mode: Mode = "exact") -> dict[int, torch.Tensor]:
     """Attention patterns ``[head, q, k]`` of one token row at ``layers`` (for attention-map figures)."""
 

@@ -197,7 +197,7 @@ def _positions(positions: int | Sequence[int], n: int) -> Tensor:
     return pos.clone()
 
 
-def _checked(model: Any, examples: Examples, target: TokenChoice, versus: TokenChoice | None,
+def _checked(model: Model, examples: Examples, target: TokenChoice, versus: TokenChoice | None,
              positions: int | Sequence[int]) -> tuple[Tensor, Tensor | None, Tensor]:
     """Targets, versus tokens and each row's position (counted from its first real token), all checked."""
     check_examples(model, examples)
@@ -267,7 +267,7 @@ def logit_attribution(
     return LogitAttribution(ids=list(examples.ids), settings=settings, **merged)
 
 
-def _capture_at(model: Any, tokens: Tensor, rows: Tensor) -> dict[str, Tensor]:
+def _capture_at(model: Model, tokens: Tensor, rows: Tensor) -> dict[str, Tensor]:
     """One forward; every activation DLA needs, read at each row's position only."""
     n_layers = hk.n_layers(model)
     b = torch.arange(tokens.shape[0], device=tokens.device)
@@ -290,7 +290,7 @@ def _capture_at(model: Any, tokens: Tensor, rows: Tensor) -> dict[str, Tensor]:
     return store
 
 
-def _batch(model: Any, tokens: Tensor, rows: Tensor, targets: Tensor, others: Tensor | None) -> dict[str, Tensor]:
+def _batch(model: Model, tokens: Tensor, rows: Tensor, targets: Tensor, others: Tensor | None) -> dict[str, Tensor]:
     """The contributions for one batch of (left-aligned) rows."""
     info = getattr(model, "info", None)
     offset = float(getattr(info, "norm_offset", 0.0) or 0.0)
@@ -332,7 +332,7 @@ def _batch(model: Any, tokens: Tensor, rows: Tensor, targets: Tensor, others: Te
             "pos_embed": through_final(pos_embed).cpu(), "final_bias": final_bias.cpu(), "logit": logit.cpu()}
 
 
-def _positional(model: Any, rows: Tensor, resid_pre: Tensor) -> Tensor:
+def _positional(model: Model, rows: Tensor, resid_pre: Tensor) -> Tensor:
     """The learned positional embedding at each row's position (rows are left-aligned: it is the position id)."""
     body = hk.decoder_body(model)
     wpe = getattr(body, "wpe", None) or getattr(body, "embed_positions", None)

@@ -107,7 +107,7 @@ class EdgeAttribution(ResultDisplay):
         return table.reindex(table["score"].abs().sort_values(ascending=False).index).head(k)
 
 
-def _sender_deltas(model: Any, tokens: Tensor, senders: list[Sender], clean: dict[tuple[str, int], Tensor],
+def _sender_deltas(model: Model, tokens: Tensor, senders: list[Sender], clean: dict[tuple[str, int], Tensor],
                    source: dict[tuple[str, int], Tensor]) -> list[Tensor]:
     """Each sender's change where it enters the residual, ``[B, T, d_model]``.
 
@@ -131,7 +131,7 @@ def _sender_deltas(model: Any, tokens: Tensor, senders: list[Sender], clean: dic
     return [out[j] for j in range(len(senders))]
 
 
-def _attention_norm(model: Any, layer: int) -> Callable[[Tensor], Tensor]:
+def _attention_norm(model: Model, layer: int) -> Callable[[Tensor], Tensor]:
     block = hk.blocks(model)[layer]
     norm = next((getattr(block, n) for n in _ATTENTION_NORMS if getattr(block, n, None) is not None), None)
     if norm is None:  # OLMo-2: attention reads the residual itself
@@ -139,13 +139,13 @@ def _attention_norm(model: Any, layer: int) -> Callable[[Tensor], Tensor]:
     return hk._unwrap(norm)  # type: ignore[no-any-return]
 
 
-def _projection(model: Any, layer: int, kind: str) -> Tensor:
+def _projection(model: Model, layer: int, kind: str) -> Tensor:
     """``[heads, d_head, d_model]``: the q / k / v projection weight split by (key/value) head."""
     weight = hk.linear_weights(model, layer)[kind].read().detach()
     return weight.reshape(-1, hk._dims(model)["d_head"], weight.shape[-1])
 
 
-def _receiver_grads(model: Any, tokens: Tensor, embeds: Tensor, receivers: list[Receiver] | str, metric: Metric,
+def _receiver_grads(model: Model, tokens: Tensor, embeds: Tensor, receivers: list[Receiver] | str, metric: Metric,
                     index: Tensor, lengths: Tensor | None) -> list[Tensor]:
     """``dM/dx_r`` ``[B, T, d_model]`` per receiver, from one forward and backward whose embeddings are ``embeds``."""
     n_layers = hk.n_layers(model)

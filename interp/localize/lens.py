@@ -53,7 +53,7 @@ from interp.models import model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import StopForward, batches, check_context, show_progress
 from interp.runtime.readout import DEFAULT_MAX_LOGITS, Readout
-from interp.typing import Tokens
+from interp.typing import Model, Tokens
 
 ExitPoint = Literal["resid_mid", "resid_post"]
 LayerNLL = Float[Tensor, "n_layers n_examples"]
@@ -111,7 +111,7 @@ def _exit_hook(readout: Readout, tokens: Tokens, row: Tensor, stop: bool, length
 
 
 def early_exit(
-    model: Any,
+    model: Model,
     examples: Examples,
     at: ExitPoint = "resid_post",
     batch_size: int = 8,

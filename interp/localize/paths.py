@@ -123,7 +123,7 @@ class PathPatchResult(ResultDisplay):
 # Checks
 
 
-def _checked_senders(model: Any, senders: Sequence[Sender]) -> list[Sender]:
+def _checked_senders(model: Model, senders: Sequence[Sender]) -> list[Sender]:
     n_layers, n_heads = hk.n_layers(model), int(model.cfg.n_heads)
     out = []
     if not senders:
@@ -140,7 +140,7 @@ def _checked_senders(model: Any, senders: Sequence[Sender]) -> list[Sender]:
     return out
 
 
-def _checked_receivers(model: Any, receivers: Sequence[Receiver] | str, senders: list[Sender]
+def _checked_receivers(model: Model, receivers: Sequence[Receiver] | str, senders: list[Sender]
                        ) -> list[Receiver] | str:
     if receivers == "logits":
         return "logits"
@@ -163,7 +163,7 @@ def _checked_receivers(model: Any, receivers: Sequence[Receiver] | str, senders:
     return out
 
 
-def _checked_inputs(model: Any, examples: Examples, senders: Sequence[Sender], receivers: Sequence[Receiver] | str,
+def _checked_inputs(model: Model, examples: Examples, senders: Sequence[Sender], receivers: Sequence[Receiver] | str,
                     source_examples: Examples, metric: Metric | str | None
                     ) -> tuple[list[Sender], list[Receiver] | str, Metric]:
     """The checks every path-level analysis makes (path patching, its textbook loop, edge attribution)."""
@@ -180,7 +180,7 @@ def _checked_inputs(model: Any, examples: Examples, senders: Sequence[Sender], r
 # The batched implementation
 
 
-def _capture(model: Any, tokens: Tensor, points: Sequence[tuple[str, int]]) -> tuple[dict[tuple[str, int], Tensor],
+def _capture(model: Model, tokens: Tensor, points: Sequence[tuple[str, int]]) -> tuple[dict[tuple[str, int], Tensor],
                                                                                     Tensor]:
     store: dict[tuple[str, int], Tensor] = {}
 
@@ -204,7 +204,7 @@ def _out_point(s: Sender) -> tuple[str, int]:
     return ("attn_out", s.layer) if s.kind == "head" else ("down", s.layer)
 
 
-def _sender_hooks(model: Any, senders: list[Sender], b: int, clean: dict[tuple[str, int], Tensor],
+def _sender_hooks(model: Model, senders: list[Sender], b: int, clean: dict[tuple[str, int], Tensor],
                   source: dict[tuple[str, int], Tensor], delta: dict[int, Tensor]
                   ) -> list[tuple[str, Callable[..., Any]]]:
     """Hooks for senders stacked along the rows (``b`` rows each): sender ``j``'s rows get its output
@@ -235,7 +235,7 @@ def _sender_hooks(model: Any, senders: list[Sender], b: int, clean: dict[tuple[s
     return hooks
 
 
-def _window(model: Any, tokens: Tensor, senders: list[Sender], receivers: list[Receiver] | str,
+def _window(model: Model, tokens: Tensor, senders: list[Sender], receivers: list[Receiver] | str,
             clean: dict[tuple[str, int], Tensor], source: dict[tuple[str, int], Tensor]) -> Tensor:
     """Steps 2 and 3 for a window of senders stacked along the rows: the patched logits ``[J*B, T, vocab]``."""
     b, n_layers = tokens.shape[0], hk.n_layers(model)
@@ -275,7 +275,7 @@ def _window(model: Any, tokens: Tensor, senders: list[Sender], receivers: list[R
     return _step3(model, stacked, b, senders, receivers, recorded)
 
 
-def _step3(model: Any, stacked: Tensor, b: int, senders: list[Sender], receivers: list[Receiver],
+def _step3(model: Model, stacked: Tensor, b: int, senders: list[Sender], receivers: list[Receiver],
            recorded: dict[tuple[str, int], Tensor]) -> Tensor:
     """The target run with each receiver's input set to what step 2 recorded (downstream recomputed)."""
     by_point: dict[tuple[str, int], list[int]] = {}
@@ -407,7 +407,7 @@ def _one_row(examples: Examples, i: int) -> Tensor:
     return tokens[None]
 
 
-def _naive_one(model: Any, tokens: Tensor, s: Sender, receivers: list[Receiver] | str,
+def _naive_one(model: Model, tokens: Tensor, s: Sender, receivers: list[Receiver] | str,
                clean: dict[tuple[str, int], Tensor], source: dict[tuple[str, int], Tensor]) -> Tensor:
     n_layers = hk.n_layers(model)
 

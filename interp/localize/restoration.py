@@ -50,10 +50,10 @@ from interp.runtime.decoder import DecoderRunner
 from interp.runtime.readout import Readout
 from interp.runtime.scoring import nll
 from interp.runtime.swap import BlockWeights, WeightStash, swapped
-from interp.typing import PerExample
+from interp.typing import Model, PerExample
 
 
-def _block_pairs(restored: Any, reference: Any, layer: int) -> list[tuple[Tensor, Tensor]]:
+def _block_pairs(restored: Any, reference: Model, layer: int) -> list[tuple[Tensor, Tensor]]:
     """Every parameter of block ``layer`` in both models, paired by name."""
     dst = dict(hk.blocks(restored)[layer].named_parameters())
     src = dict(hk.blocks(reference)[layer].named_parameters())
@@ -62,7 +62,7 @@ def _block_pairs(restored: Any, reference: Any, layer: int) -> list[tuple[Tensor
     return [(dst[k], src[k]) for k in dst]
 
 
-def _check_roles(quantized: Any, reference: Any, layers: Sequence[int], roles: Sequence[str]) -> list[str]:
+def _check_roles(quantized: Any, reference: Model, layers: Sequence[int], roles: Sequence[str]) -> list[str]:
     """``roles`` as a list, after checking each names a linear layer of both models' blocks ``layers``."""
     roles = list(roles)
     for layer in layers:
@@ -86,7 +86,7 @@ def _rows_of(tensor: Tensor, rows: slice | Tensor | None) -> Tensor:
     return tensor.index_select(0, rows.to(tensor.device))
 
 
-def _restore_role(restored: Any, reference: Any, layer: int, role: str) -> None:
+def _restore_role(restored: Any, reference: Model, layer: int, role: str) -> None:
     """Copy the reference's ``role`` rows (weight and bias) into ``restored``, fused weights and their mirrors alike.
 
     A role held in a fused weight (Phi-3's ``qkv_proj`` and ``gate_up_proj``, GPT-2's
@@ -109,7 +109,7 @@ def _restore_role(restored: Any, reference: Any, layer: int, role: str) -> None:
             split_bias.copy_(value.to(split_bias.device, split_bias.dtype))
 
 
-def restore_layers(quantized: Any, reference: Any, layers: Sequence[int], roles: Sequence[str] | None = None) -> Any:
+def restore_layers(quantized: Any, reference: Model, layers: Sequence[int], roles: Sequence[str] | None = None) -> Any:
     """A copy of ``quantized`` whose blocks ``layers`` carry the reference's weights again.
 
     Args:
@@ -224,7 +224,7 @@ def _span(layers: Sequence[int]) -> str:
 
 def restoration_sweep(
     quantized: Any,
-    reference: Any,
+    reference: Model,
     examples: Examples,
     ks: Sequence[int] | None = None,
     order: Sequence[int] | None = None,
@@ -270,7 +270,7 @@ def restoration_sweep(
                              ids=list(examples.ids), settings=settings)
 
 
-def _restored_nll_in_place(quantized: BlockWeights, reference: Any, examples: Examples,
+def _restored_nll_in_place(quantized: BlockWeights, reference: Model, examples: Examples,
                            restored: Sequence[Sequence[int]], batch_size: int, progress: bool | None,
                            ) -> tuple[Float[Tensor, "n_sets n_examples"], PerExample]:
     """:func:`restored_nll` with one copy of the weights: for each set, the quantized weights go into
@@ -288,7 +288,7 @@ def _restored_nll_in_place(quantized: BlockWeights, reference: Any, examples: Ex
 
 def restored_nll(
     quantized: Any,
-    reference: Any,
+    reference: Model,
     examples: Examples,
     restored: Sequence[Sequence[int]],
     batch_size: int = 8,

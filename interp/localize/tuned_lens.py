@@ -49,6 +49,7 @@ from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_context, show_progress
 from interp.runtime.capture import capture as capture_residuals
 from interp.runtime.readout import Readout
+from interp.typing import Model
 
 RIDGE = 1e-4  # lam relative to mean diagonal of the input Gram matrix: a tiny stabiliser only
 
@@ -89,7 +90,8 @@ class TunedLens:
         return cls(tensors["weight"], tensors["bias"], json.loads(meta["layers"]), json.loads(meta["settings"]))
 
 
-def capture_layers(model: Any, tokens: torch.Tensor, layers: Sequence[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
+def capture_layers(model: Model, tokens: torch.Tensor, layers: Sequence[int]
+                   ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Block outputs of ``layers`` and the final normalised hidden state (the head's input), for one batch.
 
     One forward through the runtime's capture (any family's decoder body), then the
@@ -101,7 +103,7 @@ def capture_layers(model: Any, tokens: torch.Tensor, layers: Sequence[int]) -> t
     return [saved[("resid_post", layer)] for layer in layers], normed.detach()
 
 
-def fit_tuned_lens(model: Any, examples: Examples, batch_size: int = 8, ridge: float = RIDGE,
+def fit_tuned_lens(model: Model, examples: Examples, batch_size: int = 8, ridge: float = RIDGE,
                    progress: bool | None = None) -> TunedLens:
     """Fit one affine translator per layer by ridge-stabilised least squares (float64 normal equations).
 
@@ -162,7 +164,7 @@ def fit_tuned_lens(model: Any, examples: Examples, batch_size: int = 8, ridge: f
     return TunedLens(torch.stack(weights), torch.stack(biases), layers, settings)
 
 
-def tuned_lens_cached(model: Any, calibration: Examples, cache_dir: str | os.PathLike[str], batch_size: int = 8,
+def tuned_lens_cached(model: Model, calibration: Examples, cache_dir: str | os.PathLike[str], batch_size: int = 8,
                       progress: bool | None = None) -> TunedLens:
     """:func:`fit_tuned_lens`, cached as safetensors by (model hash, calibration rows, ridge)."""
     hashed = calibration.tokens.numpy().tobytes()
@@ -180,7 +182,7 @@ def tuned_lens_cached(model: Any, calibration: Examples, cache_dir: str | os.Pat
     return lens
 
 
-def tuned_early_exit(model: Any, lens: TunedLens, examples: Examples, batch_size: int = 8,
+def tuned_early_exit(model: Model, lens: TunedLens, examples: Examples, batch_size: int = 8,
                      progress: bool | None = None) -> EarlyExitResult:
     """Per-layer, per-example NLL decoding ``A_l r_l + b_l`` with ``model``'s head (``at="resid_post"``).
 

@@ -76,6 +76,7 @@ from interp.quant.methods import LayerInputs, quantize_weight, relative_error
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
 from interp.runtime import hooks, placement
 from interp.runtime.batching import check_examples, device_of, kernels, show_progress
+from interp.typing import Model
 
 ROLES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 # Linear layers that read the same input, in the order the forward pass reaches them.
@@ -172,7 +173,7 @@ def _calibration_record(calibration: Examples | None) -> dict[str, Any] | None:
 # Quantizing
 
 
-def _check_quantizable(model: Any) -> None:
+def _check_quantizable(model: Model) -> None:
     try:
         found = hooks.linear_weights(model, 0)
     except (AttributeError, TypeError, IndexError):
@@ -187,7 +188,7 @@ def _check_quantizable(model: Any) -> None:
         )
 
 
-def _check_modules(model: Any, spec: MethodSpec) -> None:
+def _check_modules(model: Model, spec: MethodSpec) -> None:
     """Every module a per-module bit map names is a block linear weight of ``model``."""
     if not spec.modules:
         return
@@ -201,7 +202,7 @@ def _check_modules(model: Any, spec: MethodSpec) -> None:
 
 
 def quantize(
-    model: Any,
+    model: Model,
     spec: str | MethodSpec,
     calibration: Examples | None = None,
     progress: bool | None = None,
@@ -246,7 +247,7 @@ def quantize(
     return qmodel
 
 
-def _checked_request(model: Any, spec: str | MethodSpec, calibration: Examples | None
+def _checked_request(model: Model, spec: str | MethodSpec, calibration: Examples | None
                      ) -> tuple[MethodSpec, Examples | None]:
     """The parsed spec and its calibration (``None`` for a calibration-free method), checked against ``model``."""
     spec = parse_spec(spec)
@@ -264,7 +265,7 @@ def _checked_request(model: Any, spec: str | MethodSpec, calibration: Examples |
     return spec, calibration
 
 
-def _quantize_weights(qmodel: Any, spec: MethodSpec, calibration: Examples | None, reference_hash: str, name: str,
+def _quantize_weights(qmodel: Model, spec: MethodSpec, calibration: Examples | None, reference_hash: str, name: str,
                       progress: bool | None, batch_size: int,
                       before_layer: Callable[[int], None] | None = None) -> QuantInfo:
     """Quantize ``qmodel``'s block weights in place, block after block; returns how.
@@ -297,7 +298,7 @@ def _quantize_weights(qmodel: Any, spec: MethodSpec, calibration: Examples | Non
                      relative_errors=log.relative_errors, algorithm=algorithm_version(spec))
 
 
-def _quantize_block(qmodel: Any, layer: int, spec: MethodSpec, feeder: LayerFeeder | None, log: QuantLog) -> float:
+def _quantize_block(qmodel: Model, layer: int, spec: MethodSpec, feeder: LayerFeeder | None, log: QuantLog) -> float:
     """Quantize block ``layer`` in place, sub-layer group by group; returns calibration seconds."""
     slots = hooks.linear_weights(qmodel, layer)
     groups = [roles for group in SHARED_INPUT_GROUPS if (roles := [r for r in group if r in slots])]
@@ -410,7 +411,7 @@ def _replays(feeder: LayerFeeder, slots: dict[str, Any], groups: list[list[str]]
     return same and all(torch.equal(a, b) for a, b in zip(feeder.outputs(layer), outputs, strict=True))
 
 
-def _label(qmodel: Any, reference: Any, info: QuantInfo) -> None:
+def _label(qmodel: Model, reference: Model, info: QuantInfo) -> None:
     """Attach ``quant_info`` and give the copy its own name and identity."""
     calibration_hash = (info.calibration or {}).get("hash", "none")
     identity = hashlib.sha256(f"{info.reference_hash}|{info.spec}|{calibration_hash}".encode()).hexdigest()
@@ -426,7 +427,7 @@ def _label(qmodel: Any, reference: Any, info: QuantInfo) -> None:
 # Saving and loading
 
 
-def save_quantized(model: Any, path: str | os.PathLike[str], info: QuantInfo | None = None) -> Path:
+def save_quantized(model: Model, path: str | os.PathLike[str], info: QuantInfo | None = None) -> Path:
     """Write a quantized model's block weights (safetensors) and its :class:`QuantInfo` (JSON).
 
     ``info`` describes the weights when ``model`` carries them in place (see
@@ -500,7 +501,7 @@ def read_quant_info(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return record if complete and has_hash and record.get("format") == FORMAT_VERSION else None
 
 
-def cached_quant_info(reference: Any, spec: str | MethodSpec, calibration: Examples | None = None,
+def cached_quant_info(reference: Model, spec: str | MethodSpec, calibration: Examples | None = None,
                       cache_dir: str | os.PathLike[str] | None = None) -> QuantInfo | None:
     """How the cached quantized model for ``spec`` was made, read from its ``quant.json`` without
     loading the weights; ``None`` when the cache has no complete model of ``reference`` for it.
@@ -532,7 +533,7 @@ def _info_from_record(record: dict[str, Any]) -> QuantInfo:
     return QuantInfo(**{k: v for k, v in record.items() if k in fields})
 
 
-def load_quantized(reference: Any, path: str | os.PathLike[str]) -> Any:
+def load_quantized(reference: Model, path: str | os.PathLike[str]) -> Any:
     """A copy of ``reference`` carrying the quantized weights saved in ``path``.
 
     Raises:
@@ -589,7 +590,7 @@ def algorithm_version(spec: str | MethodSpec) -> str:
     return f"{text}+feeder-v{FEEDER_VERSION}" if spec.needs_calibration else text
 
 
-def cache_key(reference: Any, spec: str | MethodSpec, calibration: Examples | None) -> str:
+def cache_key(reference: Model, spec: str | MethodSpec, calibration: Examples | None) -> str:
     """The disk-cache key of a quantized model: (reference hash, canonical spec, calibration hash,
     kernels, algorithm version).
 
@@ -612,7 +613,7 @@ def cache_key(reference: Any, spec: str | MethodSpec, calibration: Examples | No
 
 
 def quantize_cached(
-    reference: Any,
+    reference: Model,
     spec: str | MethodSpec,
     calibration: Examples | None = None,
     cache_dir: str | os.PathLike[str] | None = None,

@@ -27,6 +27,7 @@ from interp.errors import ComponentError, InterpError
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.runtime import hooks
 from interp.runtime.batching import batches
+from interp.typing import Model
 
 # The version of the calibration forwards (what LayerFeeder feeds each layer), part of a calibrated
 # quantizer's cache key (interp.quant.apply.algorithm_version). 2: padded rows left-aligned and the
@@ -86,7 +87,7 @@ class LayerFeeder:
     every token count is a count of real tokens. Without a mask nothing changes.
     """
 
-    def __init__(self, model: Any, tokens: torch.Tensor, batch_size: int,
+    def __init__(self, model: Model, tokens: torch.Tensor, batch_size: int,
                  mask: torch.Tensor | None = None) -> None:
         self.model = model
         self.block_list = hooks.blocks(model)
@@ -170,7 +171,7 @@ class LayerFeeder:
         return PausedBlock(self, layer, groups)
 
 
-def _layer_kinds(model: Any, n_layers: int) -> list[str]:
+def _layer_kinds(model: Model, n_layers: int) -> list[str]:
     """Each block's layer type from the model's config (``layer_types``); one type for all when it has none."""
     config = model.original_model.config
     config = config.get_text_config() if hasattr(config, "get_text_config") else config

@@ -55,6 +55,7 @@ from interp.quant.spec import MethodSpec, parse_spec, split_specs
 from interp.quant.store import STORE_FILE, ScoreStore, _unique_specs, score
 from interp.runtime.batching import device_of
 from interp.runtime.distributed import cores, local_device, shard_bounds, world
+from interp.typing import Model
 
 __all__ = ["score_distributed", "shard_bounds", "shard_path", "merge_shards", "local_device", "world"]
 
@@ -64,7 +65,7 @@ __all__ = ["score_distributed", "shard_bounds", "shard_path", "merge_shards", "l
 # every sharded command shares; they are re-exported here for scripts that import them from here)
 
 
-def _init(model: Any) -> tuple[Any, bool]:
+def _init(model: Model) -> tuple[Any, bool]:
     """Join (or reuse) the default process group; returns (torch.distributed, whether we created it)."""
     import torch.distributed as dist
 
@@ -153,7 +154,7 @@ def merge_shards(store: Any, shards: Sequence[str | os.PathLike[str]]) -> int:
 
 
 def score_distributed(
-    reference: Any,
+    reference: Model,
     specs: Sequence[str | MethodSpec],
     examples: Examples,
     store: str | os.PathLike[str],

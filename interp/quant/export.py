@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from interp.errors import ComponentError, InterpError, SpecError
 from interp.quant.spec import MethodSpec, parse_spec
+from interp.typing import Model
 
 if TYPE_CHECKING:
     from jaxtyping import Float, Int
@@ -167,14 +168,14 @@ def recover_grid(reference: Tensor, quantized: Tensor, spec: str | MethodSpec) -
     return grid
 
 
-def _module_names(qmodel: Any) -> dict[int, str]:
+def _module_names(qmodel: Model) -> dict[int, str]:
     """``id(weight)`` -> the Hugging Face name of its module, for every parameter of the model."""
     from interp.models import canonical_state_dict
 
     return {id(tensor): name.removesuffix(".weight") for name, tensor in canonical_state_dict(qmodel).items()}
 
 
-def _grids(qmodel: Any, reference: Any, spec: MethodSpec) -> dict[str, GroupGrid]:
+def _grids(qmodel: Model, reference: Model, spec: MethodSpec) -> dict[str, GroupGrid]:
     """Every quantized block weight's grid, under its module's Hugging Face name."""
     from interp.runtime import hooks
 
@@ -248,7 +249,7 @@ def quantization_config(spec: MethodSpec, layout: str, targets: dict[str, int], 
     }
 
 
-def export_compressed_tensors(qmodel: Any, reference: Any, folder: str | os.PathLike[str],
+def export_compressed_tensors(qmodel: Model, reference: Model, folder: str | os.PathLike[str],
                               layout: str = UNPACKED) -> Path:
     """Write ``qmodel`` (made by :func:`interp.quant.quantize` from ``reference``) as a compressed-tensors folder.
 

@@ -57,9 +57,10 @@ from interp.quant.apply import (
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.runtime import hooks
 from interp.runtime.swap import WeightStash, swapped
+from interp.typing import Model
 
 
-def quantize_in_place(model: Any, spec: str | MethodSpec, calibration: Examples | None = None, *,
+def quantize_in_place(model: Model, spec: str | MethodSpec, calibration: Examples | None = None, *,
                       stash: WeightStash, progress: bool | None = None, batch_size: int = 8) -> QuantInfo:
     """Quantize ``model``'s own block weights with ``spec``, keeping the originals in ``stash``.
 
@@ -74,7 +75,7 @@ def quantize_in_place(model: Any, spec: str | MethodSpec, calibration: Examples 
 
 
 @contextlib.contextmanager
-def quantized_in_place(model: Any, spec: str | MethodSpec, calibration: Examples | None = None, *,
+def quantized_in_place(model: Model, spec: str | MethodSpec, calibration: Examples | None = None, *,
                        progress: bool | None = None, batch_size: int = 8,
                        stash_dir: str | Path | None = None) -> Iterator[QuantInfo]:
     """Inside the block, ``model`` carries ``spec``'s quantized weights; after it, its own again (bit for bit)."""
@@ -85,7 +86,7 @@ def quantized_in_place(model: Any, spec: str | MethodSpec, calibration: Examples
             stash.restore_all()
 
 
-def _checked_record(reference: Any, folder: Path, reference_hash: str) -> dict[str, Any]:
+def _checked_record(reference: Model, folder: Path, reference_hash: str) -> dict[str, Any]:
     record = read_quant_info(folder)
     if record is None:
         raise InterpError(f"{folder} holds no complete quantized model (expected quant.json and {WEIGHTS_FILE}).")
@@ -109,7 +110,7 @@ class SavedWeights:
         reference_hash: its :func:`~interp.models.model_hash`, when already known.
     """
 
-    def __init__(self, folder: str | Path, reference: Any, reference_hash: str | None = None) -> None:
+    def __init__(self, folder: str | Path, reference: Model, reference_hash: str | None = None) -> None:
         self.folder = Path(folder)
         self.reference = reference
         record = _checked_record(reference, self.folder, reference_hash or model_hash(reference))
@@ -121,7 +122,7 @@ class SavedWeights:
 
 
 @contextlib.contextmanager
-def variant(reference: Any, folder: str | Path, *, stash: WeightStash | None = None,
+def variant(reference: Model, folder: str | Path, *, stash: WeightStash | None = None,
             reference_hash: str | None = None, layers: Iterable[int] | None = None) -> Iterator[QuantInfo]:
     """Inside the block, ``reference`` carries the quantized weights saved in ``folder``; after it, its own
     weights again, bit for bit (see :func:`interp.runtime.swap.swapped`).
@@ -135,7 +136,7 @@ def variant(reference: Any, folder: str | Path, *, stash: WeightStash | None = N
         yield saved.info
 
 
-def cached_variant(reference: Any, spec: str | MethodSpec, calibration: Examples | None = None, *,
+def cached_variant(reference: Model, spec: str | MethodSpec, calibration: Examples | None = None, *,
                    stash: WeightStash, cache_dir: str | Path | None = None, progress: bool | None = None,
                    batch_size: int = 8) -> Path:
     """The cache folder holding ``spec``'s quantized weights of ``reference``, quantizing in place if it is missing.

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from interp.quant import protocol as pr
+from interp.typing import Model
 
 DEFAULT_SPECS = ("rtn:bits=3,group=64", "nf:bits=3,group=64", "hqq:bits=3,group=64")
 
@@ -35,7 +36,7 @@ def truncate(examples: Any, seq_len: int) -> Any:
                                settings={**examples.settings, "seq_len": seq_len, "truncated_from": examples.seq_len})
 
 
-def agreement_by_length(model: Any, examples: Any, specs: Sequence[str], lengths: Sequence[int], out: str | Path,
+def agreement_by_length(model: Model, examples: Any, specs: Sequence[str], lengths: Sequence[int], out: str | Path,
                         batch_size: int = 8, n_boot: int = 1000, seed: int = 0,
                         progress: bool | None = None) -> pd.DataFrame:
     """One row per length: paper-rule agreement, reliability and disattenuated agreement on the same rows."""

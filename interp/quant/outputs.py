@@ -20,6 +20,7 @@ from interp.io import write_json
 from interp.quant.apply import read_quant_info
 from interp.quant.spec import MethodSpec
 from interp.quant.store import ScoreStore
+from interp.typing import Model
 
 
 def quantizer_timings(cache: Path) -> dict[str, Any]:
@@ -44,7 +45,7 @@ def quantizer_timings(cache: Path) -> dict[str, Any]:
     return timings
 
 
-def write_score_outputs(out: Path, model_source: str, model: Any, examples: Examples, calibration: Examples | None,
+def write_score_outputs(out: Path, model_source: str, model: Model, examples: Examples, calibration: Examples | None,
                         specs: Sequence[MethodSpec], errors: pd.DataFrame, batch_size: int, kl: bool,
                         **extra: Any) -> dict[str, Any]:
     """Write ``errors.csv``, ``nll.csv`` (``kl.csv`` with ``kl``) and ``settings.json`` into ``out``.

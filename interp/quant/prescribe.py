@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from interp.errors import SpecError
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
+from interp.typing import Model
 
 if TYPE_CHECKING:
     from interp.data import Examples
@@ -197,7 +198,8 @@ class Plan:
         >>> import interp
         >>> from interp.quant import prescribe
         >>> model = interp.tiny_model("llama")
-        >>> cal = interp.Examples.from_tokens(torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0)))
+        >>> generator = torch.Generator().manual_seed(0)
+        >>> cal = interp.Examples.from_tokens(torch.randint(0, 256, (4, 16), generator=generator))
         >>> plan = prescribe(model, "rtn", bits=(2, 4), budget=3.5, calibration=cal, group=32, progress=False)
         >>> plan.ends[0] < plan.achieved <= 3.5 < plan.ends[1], sorted(set(plan.widths.values()))
         (True, [2, 4])
@@ -275,7 +277,7 @@ def validate_request(method: str, bits: Sequence[int], budget: float, group: int
     return spec, (low, high)
 
 
-def model_shapes(model: Any) -> list[WeightShape]:
+def model_shapes(model: Model) -> list[WeightShape]:
     """Every block linear weight of ``model``, in (layer, role) forward order."""
     from interp.runtime import hooks
 
@@ -299,7 +301,7 @@ def sensitivity_rows(calibration: Examples, n: int | None, seq_len: int | None) 
     return Examples.from_tokens(rows.tokens[:, :seq_len], ids=rows.ids)
 
 
-def prescribe(model: Any, method: str = "gptq", bits: Sequence[int] = (3, 4), budget: float = 4.0,
+def prescribe(model: Model, method: str = "gptq", bits: Sequence[int] = (3, 4), budget: float = 4.0,
               calibration: Examples | None = None, group: int = 64, sensitivity_n: int | None = None,
               sensitivity_seq_len: int | None = None, batch_size: int = 8, progress: bool | None = None,
               cache_dir: str | os.PathLike[str] | None = None) -> Plan:

@@ -71,6 +71,7 @@ from interp.runtime.batching import batches, check_examples, show_progress
 from interp.runtime.decoder import DecoderRunner
 from interp.runtime.readout import Readout
 from interp.runtime.scoring import row_mean
+from interp.typing import Model
 
 __all__ = ["Sensitivity", "sensitivity"]
 
@@ -96,7 +97,8 @@ class Sensitivity:
         >>> import interp
         >>> from interp.quant.sensitivity import sensitivity
         >>> model = interp.tiny_model("llama")
-        >>> rows = interp.Examples.from_tokens(torch.randint(0, 256, (4, 12), generator=torch.Generator().manual_seed(0)))
+        >>> generator = torch.Generator().manual_seed(0)
+        >>> rows = interp.Examples.from_tokens(torch.randint(0, 256, (4, 12), generator=generator))
         >>> result = sensitivity(model, "rtn:bits=2,group=32", rows, progress=False, cache=False)
         >>> len(result.layers) == 2 * 7, sorted(set(result.roles))  # 2 blocks x 7 linear weights
         (True, ['down', 'gate', 'k', 'o', 'q', 'up', 'v'])
@@ -160,7 +162,7 @@ class Sensitivity:
                    frame["weights"].astype(int).tolist(), scores, info["settings"])
 
 
-def sensitivity(model: Any, spec: str | MethodSpec, examples: Examples, calibration: Examples | None = None,
+def sensitivity(model: Model, spec: str | MethodSpec, examples: Examples, calibration: Examples | None = None,
                 batch_size: int = 8, progress: bool | None = None, cache: bool = True,
                 cache_dir: str | os.PathLike[str] | None = None) -> Sensitivity:
     """The NLL increase on ``examples`` when each block linear weight alone is quantized with ``spec``.
@@ -201,12 +203,12 @@ def sensitivity(model: Any, spec: str | MethodSpec, examples: Examples, calibrat
     return result
 
 
-def _key(model: Any, spec: MethodSpec, examples: Examples, calibration: Examples) -> str:
+def _key(model: Model, spec: MethodSpec, examples: Examples, calibration: Examples) -> str:
     text = f"{cache_key(model, spec, calibration)}|{examples_hash(examples)}|v{SENSITIVITY_VERSION}"
     return f"{spec.method}{spec.bits}-g{spec.group}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
-def _measure(model: Any, low: Any, spec: MethodSpec, examples: Examples, batch_size: int,
+def _measure(model: Model, low: Any, spec: MethodSpec, examples: Examples, batch_size: int,
              progress: bool | None) -> Sensitivity:
     """Swap each weight of ``low`` into ``model`` in turn and score ``examples`` from that weight's block on."""
     runner = DecoderRunner.for_model(model)

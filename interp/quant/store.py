@@ -72,6 +72,7 @@ from interp.runtime.scoring import (
     token_nll_fn,
 )
 from interp.runtime.swap import WeightStash
+from interp.typing import Model
 
 REFERENCE = "reference"
 STORE_FILE = "scores.sqlite"
@@ -424,7 +425,8 @@ def _batch_key(model: str, spec: str, ids: Sequence[str], rows: Sequence[str]) -
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def _scorer(model: Any, reference: Any | None) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+def _scorer(model: Model, reference: Model | None
+            ) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
     """``(tokens, mask=None) -> (mean NLL per row, mean KL(p_ref || p_model) per row or None, token NLL [B, T-1])``.
 
     Without KL the NLL comes from the chunked, bridge-free scorer; with KL both models'
@@ -463,7 +465,7 @@ def _scorer(model: Any, reference: Any | None) -> Callable[..., tuple[torch.Tens
     return score_with_kl
 
 
-def _run_pass(store: ScoreStore, key: str, spec: str, model: Any, reference: Any | None,
+def _run_pass(store: ScoreStore, key: str, spec: str, model: Model, reference: Model | None,
               examples: Examples, todo: Sequence[tuple[int, int]], bar: Any, need_kl: bool = False,
               poll_seconds: float = 0.2) -> None:
     """Score the ``todo`` batches, each at most once across concurrent writers.
@@ -499,7 +501,7 @@ def _run_pass(store: ScoreStore, key: str, spec: str, model: Any, reference: Any
 
 
 def _score_batch(store: ScoreStore, key: str, spec: str, score_batch: Any, examples: Examples,
-                 span: tuple[int, int], hashes: Sequence[str], lease: str, reference: Any | None,
+                 span: tuple[int, int], hashes: Sequence[str], lease: str, reference: Model | None,
                  device: Any) -> None:
     start, end = span
     try:
@@ -522,7 +524,7 @@ def _score_batch(store: ScoreStore, key: str, spec: str, score_batch: Any, examp
         raise
 
 
-def _score_spec(store: ScoreStore, key: str, spec: MethodSpec, reference: Any, examples: Examples,
+def _score_spec(store: ScoreStore, key: str, spec: MethodSpec, reference: Model, examples: Examples,
                 todo: Sequence[tuple[int, int]], bar: Any, kl: bool, calibration: Examples | None, cache: Path,
                 progress: bool | None, stash: WeightStash) -> None:
     """Score one spec's pending batches with its weights swapped into ``reference`` (one copy of the weights).
@@ -542,7 +544,7 @@ def _score_spec(store: ScoreStore, key: str, spec: MethodSpec, reference: Any, e
 
 
 def score(
-    reference: Any,
+    reference: Model,
     specs: Sequence[str | MethodSpec],
     examples: Examples,
     store: str | os.PathLike[str] | ScoreStore,

@@ -8,20 +8,20 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from interp.data import Examples, tokenizer_fingerprint
 from interp.errors import DataError, InterpError, NonFiniteError, ResourceError
 from interp.runtime.placement import execution_device
+from interp.typing import Model
 
 
 class StopForward(Exception):
     """Raised by the last needed hook so the rest of the forward (and the unembed) is skipped."""
 
 
-def check_context(model: Any, tokens: torch.Tensor) -> None:
+def check_context(model: Model, tokens: torch.Tensor) -> None:
     """Token rows fit the model: at least one, at most its context long, and every id inside its vocabulary."""
     if tokens.ndim == 2 and tokens.shape[0] == 0:  # else an empty result, or a reshape error deep in a forward
         raise DataError("There are no examples (0 rows): pass at least one row of tokens.")
@@ -33,7 +33,7 @@ def check_context(model: Any, tokens: torch.Tensor) -> None:
     check_token_ids(model, tokens)
 
 
-def model_vocab_size(model: Any) -> int:
+def model_vocab_size(model: Model) -> int:
     """Rows of the model's input embedding: token ids must lie in ``[0, vocab)``."""
     original = getattr(model, "original_model", model)
     embedding = original.get_input_embeddings() if hasattr(original, "get_input_embeddings") else None
@@ -42,7 +42,7 @@ def model_vocab_size(model: Any) -> int:
     return int(model.cfg.d_vocab)
 
 
-def check_token_ids(model: Any, tokens: torch.Tensor) -> None:
+def check_token_ids(model: Model, tokens: torch.Tensor) -> None:
     if tokens.is_floating_point() or tokens.dtype == torch.bool:
         raise DataError(f"Token ids must be integers, got a {tokens.dtype} tensor.")
     if tokens.ndim != 2 or tokens.shape[-1] < 2:
@@ -59,7 +59,7 @@ def check_token_ids(model: Any, tokens: torch.Tensor) -> None:
                         "(interp.load_examples(source, model.tokenizer, ...)).")
 
 
-def check_examples(model: Any, examples: Examples) -> None:
+def check_examples(model: Model, examples: Examples) -> None:
     """Examples fit the model: context, token id range, and (when known) the same tokenizer.
 
     Call it at every entry point that runs a model on examples (nll, probe, patching, score).
@@ -81,7 +81,7 @@ def check_examples(model: Any, examples: Examples) -> None:
                         "Load them with interp.load_examples(source, model.tokenizer, ...).")
 
 
-def non_finite_weights(model: Any) -> list[str]:
+def non_finite_weights(model: Model) -> list[str]:
     """Names of the model's parameters that hold NaN or inf (the bridge's wrapper names left out)."""
     module = getattr(model, "original_model", model)
     named = module.named_parameters() if isinstance(module, torch.nn.Module) else ()
@@ -95,7 +95,7 @@ def listed(names: list[str], most: int = 3) -> str:
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def check_finite_weights(model: Any, what: str) -> None:
+def check_finite_weights(model: Model, what: str) -> None:
     """Refuse a model with NaN/inf weights before a run whose output may not show them: a hooked forward
     does not always carry a NaN to its output (a NaN in one query weight gave finite patching values)."""
     bad = non_finite_weights(model)
@@ -158,7 +158,7 @@ def in_notebook() -> bool:
     return getattr(shell, "kernel", None) is not None
 
 
-def device_of(model: Any) -> torch.device:
+def device_of(model: Model) -> torch.device:
     """Where the model's inputs go: the device of a bridge's (or a plain module's) first parameter,
     or, for a model split with accelerate's ``device_map``, the execution device of its first
     module (whose weights may be offloaded); CPU when it has none."""

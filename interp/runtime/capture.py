@@ -8,10 +8,10 @@ from typing import Any
 from torch import Tensor
 
 from interp.runtime import hooks as hk
-from interp.typing import Key, Resid, Tokens
+from interp.typing import Key, Model, Resid, Tokens
 
 
-def capture(model: Any, tokens: Tokens, keys: Sequence[Key]) -> tuple[dict[Key, Tensor], Resid]:
+def capture(model: Model, tokens: Tokens, keys: Sequence[Key]) -> tuple[dict[Key, Tensor], Resid]:
     """Activations at ``keys`` and the final (pre-norm) residual, from one forward."""
     store: dict[Key, Tensor] = {}
     final_key = ("resid_post", hk.n_layers(model) - 1)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from interp.runtime import hooks as hk
-from interp.typing import Key, Resid
+from interp.typing import Key, Model, Resid
 
 
 class DecoderRunner:
@@ -25,7 +25,7 @@ class DecoderRunner:
     embeddings) per layer type. The blocks are the bridge's, so hooks fire as usual.
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Model) -> None:
         inner = model.original_model.model
         self.blocks = hk.blocks(model)
         self.config = inner.config
@@ -40,7 +40,7 @@ class DecoderRunner:
         self._native: Any = None
 
     @classmethod
-    def for_model(cls, model: Any) -> DecoderRunner | None:
+    def for_model(cls, model: Model) -> DecoderRunner | None:
         """A runner for blocks under ``model.layers`` with a rotary module (Llama, Mistral, Qwen, Gemma, Phi-3,
         OLMo-2...); ``None`` where the layer call is unknown. :meth:`verify` checks it on the first batch."""
         info = getattr(model, "info", None)

@@ -51,6 +51,7 @@ import torch
 
 from interp.architecture import decoder_layers_path, follow, plain_module_tree
 from interp.errors import ComponentError
+from interp.typing import Model
 from interp.validate import layer_indices
 
 # ---------------------------------------------------------------------------------------
@@ -106,7 +107,7 @@ class ComponentRecord:
     transform: Transform = ""
     native: Mapping[str, Tap] = field(default_factory=dict)
 
-    def per_position(self, model: Any, seq_len: int) -> int:
+    def per_position(self, model: Model, seq_len: int) -> int:
         """Values per token position in one layer's capture of ``model``."""
         dims = _dims(model)
         return {"d_model": dims["d_model"], "d_mlp": dims["d_mlp"], "heads_d_head": dims["n_heads"] * dims["d_head"],
@@ -192,7 +193,7 @@ def record(component: str) -> ComponentRecord:
     return COMPONENT_RECORDS[component]
 
 
-def _dims(model: Any) -> dict[str, int]:
+def _dims(model: Model) -> dict[str, int]:
     cfg, info = model.cfg, _info(model)
     n_heads = int(cfg.n_heads)
     d_head = int(getattr(info, "d_head", 0) or getattr(cfg, "d_head", 0) or cfg.d_model // n_heads)
@@ -201,7 +202,7 @@ def _dims(model: Any) -> dict[str, int]:
             "n_kv_heads": n_kv}
 
 
-def layouts(model: Any) -> frozenset[str]:
+def layouts(model: Model) -> frozenset[str]:
     """The layouts ``model`` has: ``gated`` or ``plain``, and ``serial`` unless its block is parallel."""
     info = _info(model)
     have = {"gated" if is_gated(model) else "plain"}
@@ -210,11 +211,11 @@ def layouts(model: Any) -> frozenset[str]:
     return frozenset(have)
 
 
-def n_layers(model: Any) -> int:
+def n_layers(model: Model) -> int:
     return int(model.cfg.n_layers)
 
 
-def check_layers(model: Any, layers: Iterable[int] | None) -> list[int]:
+def check_layers(model: Model, layers: Iterable[int] | None) -> list[int]:
     """Validated layer indices (all layers when ``None``); negative indices count from the end.
 
     Bools, floats, strings and an empty selection are refused (:func:`interp.validate.layer_indices`).
@@ -223,28 +224,28 @@ def check_layers(model: Any, layers: Iterable[int] | None) -> list[int]:
     return layer_indices(layers, n_layers(model))
 
 
-def _architecture(model: Any) -> str:
+def _architecture(model: Model) -> str:
     info = getattr(model, "info", None)
     return info.architecture if info is not None else type(model).__name__
 
 
-def _info(model: Any) -> Any:
+def _info(model: Model) -> Any:
     return getattr(model, "info", None)
 
 
-def family(model: Any) -> str:
+def family(model: Model) -> str:
     info = _info(model)
     return str(info.family) if info is not None else type(model).__name__
 
 
-def is_gated(model: Any) -> bool:
+def is_gated(model: Model) -> bool:
     info = _info(model)
     if info is not None:
         return bool(info.gated_mlp)
     return "blocks.0.mlp.hook_pre_linear" in model.hook_dict
 
 
-def components(model: Any) -> list[str]:
+def components(model: Model) -> list[str]:
     """The components ``model`` has, in :data:`COMPONENTS` order."""
     have = layouts(model)
     return [name for name, r in COMPONENT_RECORDS.items() if r.needs <= have]
@@ -255,7 +256,7 @@ _LAYOUT_NEEDS = {"gated": "a gated MLP, but it has a plain MLP",
                  "serial": "a serial block, but its attention and MLP both read resid_pre (parallel residual)"}
 
 
-def hook_point(model: Any, component: str, layer: int) -> str:
+def hook_point(model: Model, component: str, layer: int) -> str:
     """The hook-point name for ``component`` at ``layer``, checked to exist on ``model``."""
     rec = record(component)
     have = components(model)
@@ -273,13 +274,13 @@ def hook_point(model: Any, component: str, layer: int) -> str:
     return name
 
 
-def capture_bytes(model: Any, component: str, n_examples: int, seq_len: int, n_layers: int,
+def capture_bytes(model: Model, component: str, n_examples: int, seq_len: int, n_layers: int,
                   itemsize: int = 4) -> int:
     """Bytes of a ``full`` capture of ``component`` over ``n_layers`` layers (``itemsize`` bytes a value)."""
     return n_examples * seq_len * record(component).per_position(model, seq_len) * n_layers * itemsize
 
 
-def reader(model: Any, component: str, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
+def reader(model: Model, component: str, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x -> value``: turns what ``component``'s hook point (or native tap) carries into the component.
 
     Per-head components arrive flat on the native tap (o_proj's input, ``[batch, pos, head * d_head]``)
@@ -303,19 +304,19 @@ def reader(model: Any, component: str, layer: int) -> Callable[[torch.Tensor], t
     return read
 
 
-def per_head_w_o(model: Any, layer: int) -> torch.Tensor:
+def per_head_w_o(model: Model, layer: int) -> torch.Tensor:
     """``W_O`` of block ``layer`` split by head: ``[head, d_model, d_head]`` (head ``h``'s ``z`` times
     ``W_O[h].T`` is what it writes, before the bias)."""
     weight = linear_weights(model, layer)["o"].read().detach()  # [d_model, head * d_head]
     return weight.reshape(weight.shape[0], _dims(model)["n_heads"], -1).permute(1, 0, 2)
 
 
-def mlp_module(model: Any, layer: int) -> Any:
+def mlp_module(model: Model, layer: int) -> Any:
     """The Hugging Face MLP module of block ``layer``."""
     return blocks(model)[layer].mlp
 
 
-def activation_fn(model: Any, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
+def activation_fn(model: Model, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """The MLP's activation, so ``gate = act(gate_pre)`` (or ``act(mlp_pre)`` for a plain MLP)."""
     mlp = mlp_module(model, layer)
     act = getattr(mlp, "act_fn", None) or getattr(mlp, "act", None) or getattr(mlp, "activation_fn", None)
@@ -324,7 +325,7 @@ def activation_fn(model: Any, layer: int) -> Callable[[torch.Tensor], torch.Tens
     return act
 
 
-def gate_weight(model: Any, layer: int) -> torch.Tensor:
+def gate_weight(model: Model, layer: int) -> torch.Tensor:
     """The gate projection weight ``[d_mlp, d_model]`` of block ``layer`` (a view into a fused one)."""
     if not is_gated(model):
         raise ComponentError(f"{_architecture(model)} (family {family(model)}) has no gate projection: "
@@ -332,7 +333,7 @@ def gate_weight(model: Any, layer: int) -> torch.Tensor:
     return linear_weights(model, layer)["gate"].read()
 
 
-def norm2_gamma(model: Any, layer: int) -> torch.Tensor:
+def norm2_gamma(model: Model, layer: int) -> torch.Tensor:
     """The effective per-dimension scale of the norm in front of the MLP.
 
     Llama-style RMSNorm multiplies by ``gamma``; Gemma's multiplies by ``1 + gamma``
@@ -411,7 +412,7 @@ def _attention(block: Any) -> Any:
     return _child(block, _ATTENTION_NAMES)
 
 
-def _fused_qkv_rows(model: Any, layout: str, d_out: int) -> dict[str, slice | torch.Tensor]:
+def _fused_qkv_rows(model: Model, layout: str, d_out: int) -> dict[str, slice | torch.Tensor]:
     info = _info(model)
     n_heads, d_head = int(model.cfg.n_heads), int(getattr(info, "d_head", 0) or model.cfg.d_head)
     n_kv = int(getattr(info, "n_kv_heads", 0) or n_heads)
@@ -425,7 +426,7 @@ def _fused_qkv_rows(model: Any, layout: str, d_out: int) -> dict[str, slice | to
     return {"q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv)}
 
 
-def linear_weights(model: Any, layer: int) -> dict[str, WeightSlot]:
+def linear_weights(model: Model, layer: int) -> dict[str, WeightSlot]:
     """The linear weights of block ``layer`` by role (q, k, v, o, gate, up, down), each ``[out, in]``.
 
     Fused weights are split into their logical matrices (Phi-3's ``qkv_proj`` into q, k, v and
@@ -479,7 +480,7 @@ def _mirrors(block: Any, role: str, stored: torch.nn.Module) -> tuple[torch.Tens
     return (weight,)
 
 
-def linear_modules(model: Any, layer: int) -> dict[str, torch.nn.Module]:
+def linear_modules(model: Model, layer: int) -> dict[str, torch.nn.Module]:
     """The unfused linear layers of block ``layer`` by role: q, k, v, o, gate, up, down.
 
     Roles held in a fused weight are left out (see :func:`linear_weights`, which has them all).
@@ -493,13 +494,13 @@ def _unwrap(module: Any) -> Any:
     return inner if isinstance(inner, torch.nn.Module) else module
 
 
-def hooks_active(model: Any) -> bool:
+def hooks_active(model: Model) -> bool:
     """Is any hook registered on the bridge's hook points (by ``model.hooks``, ``add_hook``...)?"""
     return any(point._forward_hooks or point._forward_pre_hooks or point._backward_hooks
                for point in model.hook_dict.values())
 
 
-def native_model(model: Any) -> torch.nn.Module:
+def native_model(model: Model) -> torch.nn.Module:
     """The Hugging Face model under the bridge, with every wrapper swapped for what it wraps.
 
     transformer-lens installs its wrappers *inside* the Hugging Face module tree, so the
@@ -529,7 +530,7 @@ _SANDWICH_TAPS = _taps("sandwich")
 _POST_NORM_TAPS = _taps("post_norm")
 
 
-def _native_taps(model: Any) -> dict[str, tuple[str, str, int | None]] | None:
+def _native_taps(model: Model) -> dict[str, tuple[str, str, int | None]] | None:
     """The tap table for ``model``'s block layout, or ``None`` (unknown layout: use the bridge)."""
     info = _info(model)
     if info is None or info.layers_path != "model.layers" or info.fused_qkv or info.fused_gate_up:
@@ -545,7 +546,7 @@ def _native_taps(model: Any) -> dict[str, tuple[str, str, int | None]] | None:
     return None
 
 
-def native_tap(model: Any, native: torch.nn.Module, component: str, layer: int
+def native_tap(model: Model, native: torch.nn.Module, component: str, layer: int
                ) -> tuple[torch.nn.Module, str, int | None] | None:
     """``(module, "in" | "out", output index)`` carrying ``component`` on ``native``, or ``None``.
 
@@ -564,13 +565,13 @@ def native_tap(model: Any, native: torch.nn.Module, component: str, layer: int
     return module, side, index
 
 
-def decoder_body(model: Any) -> Any:
+def decoder_body(model: Model) -> Any:
     """The Hugging Face decoder body (``model.model``, ``transformer``, ``gpt_neox``...): embeddings to final norm."""
     hf = model.original_model
     return getattr(hf, getattr(hf, "base_model_prefix", "") or "model")
 
 
-def blocks(model: Any) -> Any:
+def blocks(model: Model) -> Any:
     """The Hugging Face decoder layers (a ``ModuleList``)."""
     info = _info(model)
     if info is not None:
@@ -582,7 +583,7 @@ def blocks(model: Any) -> Any:
 _FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm")
 
 
-def final_norm(model: Any) -> Any:
+def final_norm(model: Model) -> Any:
     """The norm after the last block (``norm``, ``ln_f``, ``final_layer_norm``); AttributeError if none."""
     body = decoder_body(model)
     found = _child(body, _FINAL_NORMS)
@@ -591,7 +592,7 @@ def final_norm(model: Any) -> Any:
     return found
 
 
-def unembed(model: Any) -> Any:
+def unembed(model: Model) -> Any:
     """The output head (``lm_head``, ``embed_out``...): a module with ``weight [vocab, d_model]``."""
     head = model.original_model.get_output_embeddings()
     if head is None:
@@ -599,11 +600,11 @@ def unembed(model: Any) -> Any:
     return head
 
 
-def unembed_weight(model: Any) -> torch.Tensor:
+def unembed_weight(model: Model) -> torch.Tensor:
     return unembed(model).weight
 
 
-def unembed_bias(model: Any) -> torch.Tensor | None:
+def unembed_bias(model: Model) -> torch.Tensor | None:
     bias = getattr(_unwrap(unembed(model)), "bias", None)
     return bias if isinstance(bias, torch.Tensor) else None
 
@@ -623,7 +624,7 @@ LINEAR_INPUT_HOOKS: dict[str, str] = {
 }
 
 
-def linear_input_hook(model: Any, layer: int, role: str) -> str:
+def linear_input_hook(model: Model, layer: int, role: str) -> str:
     """The hook point carrying the input of linear layer ``role`` (q, k, v, o, gate, up, down) in block ``layer``."""
     if role not in LINEAR_INPUT_HOOKS:
         raise ComponentError(f"Unknown linear role {role!r}. Valid roles: {', '.join(LINEAR_INPUT_HOOKS)}.")

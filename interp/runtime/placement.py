@@ -34,19 +34,20 @@ import torch
 
 from interp.errors import InterpError
 from interp.runtime.hooks import blocks
+from interp.typing import Model
 
 
-def _hf(model: Any) -> Any:
+def _hf(model: Model) -> Any:
     return getattr(model, "original_model", model)
 
 
-def device_map(model: Any) -> dict[str, Any]:
+def device_map(model: Model) -> dict[str, Any]:
     """The model's accelerate ``device_map`` (module name -> device, ``"cpu"`` or ``"disk"``); ``{}`` if none."""
     found = getattr(_hf(model), "hf_device_map", None)
     return dict(found) if isinstance(found, dict) else {}
 
 
-def is_dispatched(model: Any) -> bool:
+def is_dispatched(model: Model) -> bool:
     """Whether the model was placed by accelerate (a ``device_map`` with hooks on its modules)."""
     return bool(device_map(model)) and any("_hf_hook" in vars(m) for m in _hf(model).modules())
 
@@ -59,12 +60,12 @@ def _offload_hooks(module: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, A
             yield sub, hook
 
 
-def offloaded_layers(model: Any) -> list[int]:
+def offloaded_layers(model: Model) -> list[int]:
     """Indices of the blocks that hold offloaded (``meta``) weights between forwards."""
     return [i for i, block in enumerate(blocks(model)) if next(_offload_hooks(block), None) is not None]
 
 
-def execution_device(model: Any) -> torch.device | None:
+def execution_device(model: Model) -> torch.device | None:
     """Where a dispatched model wants its input ids: the execution device of its first hooked module."""
     if not device_map(model):
         return None
@@ -93,7 +94,7 @@ def _store(weights_map: Any, name: str, value: torch.Tensor) -> None:
 
 
 @contextlib.contextmanager
-def onloaded(model: Any, layers: Iterable[int]) -> Iterator[None]:
+def onloaded(model: Model, layers: Iterable[int]) -> Iterator[None]:
     """The offloaded weights of blocks ``layers`` as real tensors, readable and writable in place.
 
     Forwards inside the block keep these tensors (the offload hooks are paused). On exit,
@@ -121,7 +122,7 @@ def onloaded(model: Any, layers: Iterable[int]) -> Iterator[None]:
                 hook.offload = True
 
 
-def refuse_offloaded(model: Any, what: str, instead: str) -> None:
+def refuse_offloaded(model: Model, what: str, instead: str) -> None:
     """Raise a clear error when ``what`` cannot run on a model with offloaded blocks (and say what can)."""
     layers = offloaded_layers(model) if is_dispatched(model) else []
     if layers:

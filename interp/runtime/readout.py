@@ -5,7 +5,6 @@ vocabulary slice at a time into per-token NLL.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from einops import rearrange
@@ -15,7 +14,7 @@ from torch import Tensor
 from interp.data import counted_positions
 from interp.errors import ComponentError
 from interp.runtime import hooks as hk
-from interp.typing import Resid, TokenNLL, Tokens
+from interp.typing import Model, Resid, TokenNLL, Tokens
 
 DEFAULT_MAX_LOGITS = 1 << 23  # 32 MiB of float32 logits alive at once (fits a large L3)
 
@@ -35,7 +34,7 @@ class Readout:
         max_logits: the most logits materialised at once when scoring; sets peak memory.
     """
 
-    def __init__(self, model: Any, max_logits: int = DEFAULT_MAX_LOGITS) -> None:
+    def __init__(self, model: Model, max_logits: int = DEFAULT_MAX_LOGITS) -> None:
         try:
             self.norm = hk.final_norm(model)
             self.weight = hk.unembed_weight(model)

@@ -21,6 +21,7 @@ from interp.errors import ComponentError, NonFiniteError
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_examples, device_of, listed, non_finite_weights, show_progress
 from interp.runtime.readout import Readout
+from interp.typing import Model
 
 
 def token_nll(logits: torch.Tensor, tokens: torch.Tensor, chunk: int = 32) -> torch.Tensor:
@@ -94,7 +95,7 @@ def row_mean(values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Te
     return values.double().masked_fill(~valid, 0.0).sum(dim=1) / valid.sum(dim=1)
 
 
-def model_logits(model: Any, tokens: torch.Tensor, runner: Any = None, **kwargs: Any) -> torch.Tensor:
+def model_logits(model: Model, tokens: torch.Tensor, runner: Any = None, **kwargs: Any) -> torch.Tensor:
     """Logits of the underlying Hugging Face model.
 
     Bridge hooks fire as usual. With none registered, pass ``runner=fast_forward(model)`` to
@@ -105,13 +106,13 @@ def model_logits(model: Any, tokens: torch.Tensor, runner: Any = None, **kwargs:
     return (runner or model.original_model)(input_ids=tokens.to(device), **kwargs).logits
 
 
-def fast_forward(model: Any) -> Any:
+def fast_forward(model: Model) -> Any:
     """The bridge-free Hugging Face model when no hook is registered, else the hooked one."""
 
     return model.original_model if hk.hooks_active(model) else hk.native_model(model)
 
 
-def nll(model: Any, examples: Examples, batch_size: int = 8, progress: bool | None = False) -> torch.Tensor:
+def nll(model: Model, examples: Examples, batch_size: int = 8, progress: bool | None = False) -> torch.Tensor:
     """Mean next-token NLL per example: ``Tensor [N]`` (nats).
 
     Args:
@@ -149,7 +150,7 @@ def nll(model: Any, examples: Examples, batch_size: int = 8, progress: bool | No
     return out.float()
 
 
-def _non_finite_weights(model: Any) -> str:
+def _non_finite_weights(model: Model) -> str:
     """The end of the NaN/inf message: which weights hold NaN/inf (the usual cause), or what else to check."""
     bad = non_finite_weights(model)
     if bad:
@@ -158,7 +159,7 @@ def _non_finite_weights(model: Any) -> str:
             "the hooks registered on the model.")
 
 
-def token_nll_fn(model: Any) -> Any:
+def token_nll_fn(model: Model) -> Any:
     """``(tokens, mask=None) -> [B, T-1]`` token NLL without a ``[B, T, vocab]`` logits tensor.
 
     With no hook registered, the bridge-free decoder body (:func:`interp.runtime.hooks.native_model`)

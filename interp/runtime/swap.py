@@ -44,6 +44,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from interp.runtime import hooks, placement
+from interp.typing import Model
 
 
 class BlockWeights(Protocol):
@@ -64,7 +65,7 @@ class WeightStash:
     saved block back. Use it as a context manager, or call :meth:`close`, to delete the folder.
     """
 
-    def __init__(self, model: Any, folder: str | Path | None = None) -> None:
+    def __init__(self, model: Model, folder: str | Path | None = None) -> None:
         self.model = model
         self._tmp = tempfile.TemporaryDirectory(prefix="interp-stash-", dir=folder)
         self.folder = Path(self._tmp.name)
@@ -104,7 +105,7 @@ class WeightStash:
         self.close()
 
 
-def write_block(model: Any, layer: int, values: dict[str, torch.Tensor]) -> None:
+def write_block(model: Model, layer: int, values: dict[str, torch.Tensor]) -> None:
     """Write ``values`` (role -> ``[out, in]``) into block ``layer``'s linear weights, in place."""
     with torch.no_grad(), placement.onloaded(model, [layer]):
         slots = hooks.linear_weights(model, layer)
@@ -113,7 +114,7 @@ def write_block(model: Any, layer: int, values: dict[str, torch.Tensor]) -> None
 
 
 @contextlib.contextmanager
-def swapped(model: Any, weights: BlockWeights, *, layers: Iterable[int] | None = None,
+def swapped(model: Model, weights: BlockWeights, *, layers: Iterable[int] | None = None,
             stash: WeightStash | None = None) -> Iterator[None]:
     """Inside the block, ``model``'s blocks ``layers`` (default: all) carry ``weights``; after it, their own.
 

@@ -39,7 +39,7 @@ from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of, show_progress
 from interp.runtime.capture import capture
 from interp.runtime.readout import Readout
-from interp.typing import Key, Tokens
+from interp.typing import Key, Model, Tokens
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,8 @@ class AttributionResult(ResultDisplay):
 
 
 def attribution(
-    target: Any,
-    source: Any,
+    target: Model,
+    source: Model,
     examples: Examples,
     components: Sequence[str] = PAPER_COMPONENTS,
     layers: LayerSelection = None,
@@ -114,7 +114,7 @@ def attribution(
                              settings=_settings(target, source, examples, batch_size))
 
 
-def _attribute_batch(target: Any, readout: Readout, metric: Metric, tokens: Tokens, index: Tensor,
+def _attribute_batch(target: Model, readout: Readout, metric: Metric, tokens: Tokens, index: Tensor,
                      points: list[Key], source_cache: Mapping[Key, Tensor], lengths: Tensor | None = None
                      ) -> Float[Tensor, "n_points batch"]:
     acts: dict[Key, Tensor] = {}

@@ -57,7 +57,7 @@ from interp.runtime.capture import capture
 from interp.runtime.decoder import DecoderRunner
 from interp.runtime.readout import Readout
 from interp.runtime.scoring import model_logits
-from interp.typing import Key, Resid, Tokens
+from interp.typing import Key, Model, Resid, Tokens
 
 # ---------------------------------------------------------------------------------------
 # Hooks that replace an activation by the source's
@@ -105,7 +105,7 @@ def _as_index(values: tuple[int, ...] | None, width: int | None = None) -> Tenso
     return torch.tensor(values if width is None else [q % width for q in values], dtype=torch.long)
 
 
-def _patch_hooks(model: Any, jobs: Sequence[Patch], cache: Mapping[Key, Tensor], batch: int,
+def _patch_hooks(model: Model, jobs: Sequence[Patch], cache: Mapping[Key, Tensor], batch: int,
                  layer: int | None = None, masks: Sequence[Tensor] | None = None
                  ) -> list[tuple[str, Callable[..., Any]]]:
     """Hooks applying job ``j`` to rows ``j*batch:(j+1)*batch`` (only at ``layer`` when given).
@@ -227,7 +227,7 @@ def _metric_values(metric: Metric, fn: str, *args: Any, lengths: Tensor | None) 
 # Checks
 
 
-def _checked_patches(model: Any, patches: Sequence[Patch], seq_len: int) -> list[Patch]:
+def _checked_patches(model: Model, patches: Sequence[Patch], seq_len: int) -> list[Patch]:
     patches = list(patches)
     if not patches:
         raise InterpError("No patches given: build them with single_layer_patches / joint_patches.")
@@ -243,7 +243,7 @@ def _checked_patches(model: Any, patches: Sequence[Patch], seq_len: int) -> list
     return [Patch(p.component, tuple(hk.check_layers(model, p.layers)), p.positions, p.heads) for p in patches]
 
 
-def _check_pair(target: Any, source: Any, examples: Examples, source_examples: Examples,
+def _check_pair(target: Model, source: Model, examples: Examples, source_examples: Examples,
                 unpadded: str | None = None) -> None:
     """Two models of one architecture and one source row per target row.
 
@@ -292,8 +292,8 @@ def _source_keys(patches: Sequence[Patch]) -> list[Key]:
     return list(dict.fromkeys((p.component, layer) for p in patches for layer in p.layers))
 
 
-def _settings(target: Any, source: Any, examples: Examples, batch_size: int, **extra: Any) -> dict[str, Any]:
-    def name(model: Any) -> str:
+def _settings(target: Model, source: Model, examples: Examples, batch_size: int, **extra: Any) -> dict[str, Any]:
+    def name(model: Model) -> str:
         return str(model_name(model))
 
     return {"target": name(target), "source": name(source), "batch_size": batch_size,
@@ -313,7 +313,7 @@ class _Batch:
 
 
 class _Engine:
-    def __init__(self, target: Any, source: Any, patches: list[Patch], metric: Metric, fast: bool) -> None:
+    def __init__(self, target: Model, source: Model, patches: list[Patch], metric: Metric, fast: bool) -> None:
         self.target, self.source, self.patches, self.metric = target, source, patches, metric
         self.readout_target, self.readout_source = Readout(target), Readout(source)
         self.runner = DecoderRunner.for_model(target) if fast else None
@@ -410,8 +410,8 @@ class _Engine:
 
 
 def patch(
-    target: Any,
-    source: Any,
+    target: Model,
+    source: Model,
     examples: Examples,
     patches: Sequence[Patch],
     *,
@@ -522,8 +522,8 @@ def _result(values: Tensor, target: Tensor, source: Tensor, patches: list[Patch]
 # textbook implementation the engine is tested and benchmarked against, so it shares none of
 # the engine's code (a `duplicates` run lists this pair; it is the one deliberate repeat here).
 def patch_naive(
-    target: Any,
-    source: Any,
+    target: Model,
+    source: Model,
     examples: Examples,
     patches: Sequence[Patch],
     *,
@@ -590,7 +590,7 @@ def _naive_lengths(examples: Examples, start: int, end: int, tokens: Tokens) -> 
     return _naive_mask(examples, start, end, tokens).sum(dim=1).cpu()
 
 
-def _naive_row_hooks(target: Any, job: Patch, cache: Mapping[Key, Tensor], lengths: list[int],
+def _naive_row_hooks(target: Model, job: Patch, cache: Mapping[Key, Tensor], lengths: list[int],
                      source_lengths: list[int]) -> list[tuple[str, Callable[..., Any]]]:
     """The patch, one row and one position at a time: target position ``p`` of row ``b`` takes
     the source's position ``p + source_lengths[b] - lengths[b]`` (rows aligned at their ends)."""

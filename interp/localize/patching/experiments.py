@@ -44,21 +44,22 @@ from interp.localize.patching.patches import (
 from interp.localize.patching.results import PatchResult
 from interp.localize.restoration import restore_layers
 from interp.runtime.scoring import nll
-from interp.typing import PerExample, Tokens
+from interp.typing import Model, PerExample, Tokens
 
 # ---------------------------------------------------------------------------------------
 # Front ends and thin specialisations
 
 
-def cross_model(target: Any, source: Any, examples: Examples, patches: Sequence[Patch], **engine: Any) -> PatchResult:
+def cross_model(target: Model, source: Model, examples: Examples, patches: Sequence[Patch],
+                **engine: Any) -> PatchResult:
     """Run ``target`` (e.g. quantized) on ``examples`` with components from ``source`` (e.g.
     the reference) on the same tokens. Keyword arguments go to :func:`~interp.localize.patching.engine.patch`."""
     return patch(target, source, examples, patches, **engine)
 
 
 def patch_component(
-    target: Any,
-    source: Any,
+    target: Model,
+    source: Model,
     examples: Examples,
     layers: LayerSelection = None,
     *,
@@ -94,7 +95,7 @@ patch_resid_pre.__doc__ = "Patch the residual stream entering each block, ``[bat
 
 
 def clean_corrupt(
-    model: Any,
+    model: Model,
     clean: Tokens,
     corrupt: Tokens,
     answers: Sequence[int] | Tensor | int,
@@ -146,7 +147,7 @@ def clean_corrupt(
 
 
 def patching_table(
-    reference: Any,
+    reference: Model,
     quantized: Any,
     d_large: Examples,
     layers: LayerSelection = "upper_half",
@@ -162,7 +163,7 @@ def patching_table(
     return patch(quantized, reference, d_large, joint_patches(components, resolve_layers(quantized, layers)), **engine)
 
 
-def layer_sweep(reference: Any, quantized: Any, examples: Examples, components: Sequence[str] = PAPER_COMPONENTS,
+def layer_sweep(reference: Model, quantized: Any, examples: Examples, components: Sequence[str] = PAPER_COMPONENTS,
                 layers: LayerSelection = None, **engine: Any) -> PatchResult:
     """Patch each component of the reference into the quantized model one layer at a time."""
     jobs = single_layer_patches(components, resolve_layers(quantized, layers))
@@ -199,7 +200,7 @@ class GateInputComparison(ResultDisplay):
 
 
 def gate_input_vs_gate_weights(
-    reference: Any,
+    reference: Model,
     quantized: Any,
     d_large: Examples,
     layers: LayerSelection = "upper_half",

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Literal, Union
 
 from interp import validate
 from interp.errors import ComponentError
 from interp.runtime import hooks as hk
 from interp.runtime.hooks import COMPONENT_RECORDS, PER_HEAD
+from interp.typing import Model
 
 PatchComponent = Literal[
     "resid_pre", "resid_mid", "resid_post", "attn_out", "head", "gate", "up", "down", "gate_input", "mlp_pre", "z",
@@ -84,7 +85,7 @@ def span(values: Sequence[int]) -> str:
     return ",".join(map(str, ordered))
 
 
-def resolve_layers(model: Any, layers: LayerSelection) -> list[int]:
+def resolve_layers(model: Model, layers: LayerSelection) -> list[int]:
     """``None``/``"all"``, ``"upper_half"``, ``"lower_half"``, a layer, or a list of layers."""
     n = hk.n_layers(model)
     if layers is None or layers == "all":

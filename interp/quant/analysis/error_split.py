@@ -23,6 +23,7 @@ from interp.quant.analysis.split import SplitResult, split_large_ctrl
 from interp.quant.apply import cached_quant_info, quantize_cached
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.quant.store import ScoreStore, score
+from interp.typing import Model
 
 
 @dataclass
@@ -39,7 +40,7 @@ class ErrorSplit:
         batch_size: calibration examples per block forward when a model must be quantized.
     """
 
-    reference: Any
+    reference: Model
     errors: pd.DataFrame
     split: SplitResult
     split_on: str
@@ -69,7 +70,7 @@ class ErrorSplit:
 
 
 def error_split(
-    reference: Any,
+    reference: Model,
     specs: Sequence[str | MethodSpec],
     examples: Examples,
     *,

@@ -16,6 +16,7 @@ from interp.display import ResultDisplay
 from interp.io import sanitize
 from interp.probes import probe
 from interp.quant.analysis.common import ErrorsLike, error_series
+from interp.typing import Model
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class NormCorrelationResult(ResultDisplay):
                          "rows": self.table.to_dict(orient="records")})
 
 def norm_error_correlation(
-    reference: Any,
+    reference: Model,
     examples: Examples,
     errors: ErrorsLike,
     layers: Sequence[int] | None = None,

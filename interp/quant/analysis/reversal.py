@@ -27,6 +27,7 @@ from interp.io import sanitize
 from interp.probes import REDUCERS
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, show_progress
+from interp.typing import Model
 
 
 class _Stop(Exception):
@@ -101,7 +102,7 @@ class ReversalResult(ResultDisplay):
                          "mse": self.mse.to_dict(orient="records"),
                          "outliers": self.outliers.to_dict(orient="records")})
 
-def _capture_pass(model: Any, tokens: torch.Tensor, layers: list[int], components: Sequence[str]
+def _capture_pass(model: Model, tokens: torch.Tensor, layers: list[int], components: Sequence[str]
                   ) -> dict[tuple[str, int], torch.Tensor]:
     """One forward of ``model`` on ``tokens``, keeping ``components`` at ``layers`` (stops after the last)."""
     # Hook points can carry an alias name (resid_post fires as blocks.{l}.hook_out), so each
@@ -127,7 +128,7 @@ def _capture_pass(model: Any, tokens: torch.Tensor, layers: list[int], component
     return kept
 
 
-def _reversal_batch(reference: Any, quantized: Mapping[str, Any], tokens: torch.Tensor,
+def _reversal_batch(reference: Model, quantized: Mapping[str, Any], tokens: torch.Tensor,
                     layers: list[int]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Per-example stats ``[layers, B]`` for one batch, and the mean |r| per dim ``[layers, B, D]``."""
     ref = _capture_pass(reference, tokens, layers, ("resid_mid", "h", "down"))
@@ -149,7 +150,7 @@ def _reversal_batch(reference: Any, quantized: Mapping[str, Any], tokens: torch.
 
 
 def reversal(
-    reference: Any,
+    reference: Model,
     quantized_models: Mapping[str, Any],
     d_large: Examples,
     d_ctrl: Examples,
@@ -221,7 +222,7 @@ def reversal(
                           per_example=per_example, settings=settings)
 
 
-def _outlier_table(reference: Any, layers: list[int], mean_abs: np.ndarray, n_outliers: int) -> pd.DataFrame:
+def _outlier_table(reference: Model, layers: list[int], mean_abs: np.ndarray, n_outliers: int) -> pd.DataFrame:
     rows = []
     for li, layer in enumerate(layers):
         gamma = hk.norm2_gamma(reference, layer).abs().double().cpu().numpy()
