@@ -36,7 +36,7 @@ import tempfile
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -117,6 +117,37 @@ class ModelInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@runtime_checkable
+class Model(Protocol):
+    """The model handle the analyses take: what :func:`interp.load_model` and :func:`interp.tiny_model`
+    return (a transformer-lens bridge around the Hugging Face model, with its
+    :class:`ModelInfo`).
+
+    ``info`` is mandatory: an analysis reads the model's layout and name from it.
+
+    Example:
+        >>> import interp
+        >>> model = interp.tiny_model("llama")
+        >>> isinstance(model, Model), model.info.n_layers
+        (True, 2)
+        >>> isinstance(model.original_model, Model)  # the plain Hugging Face model has no info
+        False
+    """
+
+    info: ModelInfo
+    cfg: Any  # the bridge's config: n_layers, n_heads, d_model, ...
+    tokenizer: Any
+    original_model: Any  # the wrapped Hugging Face model
+
+    def hooks(self, *args: Any, **kwargs: Any) -> Any:
+        """A context manager that attaches forward hooks for its duration."""
+        ...
+
+    def __getattr__(self, name: str) -> Any:
+        """The rest of the bridge (``blocks``, ``run_with_hooks``, ``unembed``, ...), untyped as transformer-lens is."""
+        ...
 
 
 def info_of(model: Any) -> ModelInfo:

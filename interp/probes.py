@@ -50,11 +50,10 @@ from interp.data import Examples, counted_positions, left_aligned
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, DataError, InterpError, NonFiniteError
 from interp.io import ensure_writable_dir, read_safetensors, write_json
-from interp.models import model_name
+from interp.models import Model, model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import StopForward, batches, check_examples, check_memory, device_of, show_progress
 from interp.runtime.scoring import token_nll
-from interp.typing import Model
 
 # ---------------------------------------------------------------------------------------
 # Reducers: activation [batch, pos, ...] -> per-example values [batch, ...]

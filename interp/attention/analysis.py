@@ -30,9 +30,9 @@ from interp.attention.metrics import METRICS
 from interp.attention.saobp import saobp_hook
 from interp.data import Examples
 from interp.display import ResultDisplay
+from interp.models import Model
 from interp.probes import ProbeResult, probe
 from interp.runtime import hooks as hk
-from interp.typing import Model
 
 if TYPE_CHECKING:
     from interp.attention.saobp import Mode

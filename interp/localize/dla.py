@@ -59,10 +59,9 @@ from tqdm.auto import tqdm
 from interp.data import Examples, aligned_rows, real_lengths
 from interp.display import ResultDisplay
 from interp.errors import DataError, InterpError
-from interp.models import model_name
+from interp.models import Model, model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_examples, device_of, show_progress
-from interp.typing import Model
 
 TokenChoice = int | Sequence[int] | Tensor
 

@@ -60,9 +60,9 @@ from interp.errors import InterpError, NonFiniteError
 from interp.localize.patching.engine import _metric_values
 from interp.localize.patching.metrics import Metric
 from interp.localize.paths import Receiver, Sender, _capture, _checked_inputs, _out_point, _sender_hooks, _sender_points
+from interp.models import Model
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of
-from interp.typing import Model
 
 _ATTENTION_NORMS = ("input_layernorm", "ln_1")
 

@@ -49,11 +49,11 @@ from tqdm.auto import tqdm
 from interp.data import Examples, aligned_rows
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, InterpError, NonFiniteError
-from interp.models import model_name
+from interp.models import Model, model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import StopForward, batches, check_context, show_progress
 from interp.runtime.readout import DEFAULT_MAX_LOGITS, Readout
-from interp.typing import Model, Tokens
+from interp.typing import Tokens
 
 ExitPoint = Literal["resid_mid", "resid_post"]
 LayerNLL = Float[Tensor, "n_layers n_examples"]

@@ -64,10 +64,9 @@ from interp.display import ResultDisplay
 from interp.errors import ComponentError, DataError, NonFiniteError
 from interp.localize.patching.engine import _check_pair, _metric_values, _takes_lengths
 from interp.localize.patching.metrics import Metric, _metric
-from interp.models import model_name
+from interp.models import Model, model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of
-from interp.typing import Model
 
 Receiver = tuple[int, int, str]  # (layer, head, "q" | "k" | "v")
 RECEIVER_INPUTS = ("q", "k", "v")

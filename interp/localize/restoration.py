@@ -42,6 +42,7 @@ from interp.data import Examples
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, InterpError
 from interp.io import ensure_writable_dir
+from interp.models import Model
 from interp.runtime import hooks as hk
 from interp.runtime import placement
 from interp.runtime.batching import batches, check_context, device_of, show_progress
@@ -50,7 +51,7 @@ from interp.runtime.decoder import DecoderRunner
 from interp.runtime.readout import Readout
 from interp.runtime.scoring import nll
 from interp.runtime.swap import BlockWeights, WeightStash, swapped
-from interp.typing import Model, PerExample
+from interp.typing import PerExample
 
 
 def _block_pairs(restored: Any, reference: Model, layer: int) -> list[tuple[Tensor, Tensor]]:

@@ -44,12 +44,11 @@ from interp.data import Examples, aligned_rows, counted_positions
 from interp.errors import InterpError
 from interp.io import read_safetensors
 from interp.localize.lens import EarlyExitResult
-from interp.models import model_hash, model_name
+from interp.models import Model, model_hash, model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_context, show_progress
 from interp.runtime.capture import capture as capture_residuals
 from interp.runtime.readout import Readout
-from interp.typing import Model
 
 RIDGE = 1e-4  # lam relative to mean diagonal of the input Gram matrix: a tiny stabiliser only
 

@@ -70,13 +70,12 @@ from interp import models
 from interp.data import Examples
 from interp.errors import ComponentError, InterpError, SpecError
 from interp.io import ensure_writable_dir, write_json
-from interp.models import model_hash, model_name  # model_hash is re-exported here
+from interp.models import Model, model_hash, model_name  # model_hash is re-exported here
 from interp.quant.calibration import FEEDER_VERSION, LayerFeeder, OutOfOrder
 from interp.quant.methods import LayerInputs, quantize_weight, relative_error
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
 from interp.runtime import hooks, placement
 from interp.runtime.batching import check_examples, device_of, kernels, show_progress
-from interp.typing import Model
 
 ROLES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 # Linear layers that read the same input, in the order the forward pass reaches them.

@@ -24,10 +24,10 @@ import torch
 
 from interp.data import Examples, counted_positions, left_aligned, load_examples
 from interp.errors import ComponentError, InterpError
+from interp.models import Model
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.runtime import hooks
 from interp.runtime.batching import batches
-from interp.typing import Model
 
 # The version of the calibration forwards (what LayerFeeder feeds each layer), part of a calibrated
 # quantizer's cache key (interp.quant.apply.algorithm_version). 2: padded rows left-aligned and the

@@ -48,6 +48,7 @@ from interp import models
 from interp.data import Examples, load_examples
 from interp.errors import InterpError
 from interp.io import ensure_writable_dir
+from interp.models import Model
 from interp.quant.apply import model_hash
 from interp.quant.calibration import load_calibration
 from interp.quant.outputs import score_summary, write_score_outputs
@@ -55,7 +56,6 @@ from interp.quant.spec import MethodSpec, parse_spec, split_specs
 from interp.quant.store import STORE_FILE, ScoreStore, _unique_specs, score
 from interp.runtime.batching import device_of
 from interp.runtime.distributed import cores, local_device, shard_bounds, world
-from interp.typing import Model
 
 __all__ = ["score_distributed", "shard_bounds", "shard_path", "merge_shards", "local_device", "world"]
 

@@ -59,8 +59,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from interp.errors import ComponentError, InterpError, SpecError
+from interp.models import Model
 from interp.quant.spec import MethodSpec, parse_spec
-from interp.typing import Model
 
 if TYPE_CHECKING:
     from jaxtyping import Float, Int

@@ -41,7 +41,7 @@ from interp import models
 from interp.data import Examples
 from interp.errors import InterpError
 from interp.io import ensure_writable_dir
-from interp.models import model_name
+from interp.models import Model, model_name
 from interp.quant.apply import (
     WEIGHTS_FILE,
     QuantInfo,
@@ -57,7 +57,6 @@ from interp.quant.apply import (
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.runtime import hooks
 from interp.runtime.swap import WeightStash, swapped
-from interp.typing import Model
 
 
 def quantize_in_place(model: Model, spec: str | MethodSpec, calibration: Examples | None = None, *,

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from interp.models import Model
 from interp.quant import protocol as pr
-from interp.typing import Model
 
 DEFAULT_SPECS = ("rtn:bits=3,group=64", "nf:bits=3,group=64", "hqq:bits=3,group=64")
 

@@ -17,10 +17,10 @@ import pandas as pd
 
 from interp.data import Examples
 from interp.io import write_json
+from interp.models import Model
 from interp.quant.apply import read_quant_info
 from interp.quant.spec import MethodSpec
 from interp.quant.store import ScoreStore
-from interp.typing import Model
 
 
 def quantizer_timings(cache: Path) -> dict[str, Any]:

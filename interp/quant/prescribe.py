@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from interp.errors import SpecError
+from interp.models import Model
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
-from interp.typing import Model
 
 if TYPE_CHECKING:
     from interp.data import Examples

@@ -64,6 +64,7 @@ from interp import models, stats
 from interp.data import Examples
 from interp.errors import InterpError
 from interp.io import ensure_writable_dir, sanitize, write_json
+from interp.models import Model
 from interp.quant.apply import ROLES, cache_key, examples_hash, quantize, quantize_cached
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.runtime import hooks
@@ -71,7 +72,6 @@ from interp.runtime.batching import batches, check_examples, show_progress
 from interp.runtime.decoder import DecoderRunner
 from interp.runtime.readout import Readout
 from interp.runtime.scoring import row_mean
-from interp.typing import Model
 
 __all__ = ["Sensitivity", "sensitivity"]
 

@@ -55,6 +55,7 @@ from interp import validate
 from interp.data import Examples
 from interp.errors import InterpError, NonFiniteError, SpecError
 from interp.io import atomic_write_bytes, ensure_writable_dir
+from interp.models import Model
 from interp.quant.apply import model_hash, quantize_cached
 from interp.quant.inplace import cached_variant, variant
 from interp.quant.spec import MethodSpec, parse_spec
@@ -72,7 +73,6 @@ from interp.runtime.scoring import (
     token_nll_fn,
 )
 from interp.runtime.swap import WeightStash
-from interp.typing import Model
 
 REFERENCE = "reference"
 STORE_FILE = "scores.sqlite"

@@ -13,8 +13,8 @@ import torch
 
 from interp.data import Examples, tokenizer_fingerprint
 from interp.errors import DataError, InterpError, NonFiniteError, ResourceError
+from interp.models import Model
 from interp.runtime.placement import execution_device
-from interp.typing import Model
 
 
 class StopForward(Exception):

@@ -7,8 +7,9 @@ from typing import Any
 
 from torch import Tensor
 
+from interp.models import Model
 from interp.runtime import hooks as hk
-from interp.typing import Key, Model, Resid, Tokens
+from interp.typing import Key, Resid, Tokens
 
 
 def capture(model: Model, tokens: Tokens, keys: Sequence[Key]) -> tuple[dict[Key, Tensor], Resid]:

@@ -11,8 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from interp.models import Model
 from interp.runtime import hooks as hk
-from interp.typing import Key, Model, Resid
+from interp.typing import Key, Resid
 
 
 class DecoderRunner:

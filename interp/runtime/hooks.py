@@ -51,7 +51,7 @@ import torch
 
 from interp.architecture import decoder_layers_path, follow, plain_module_tree
 from interp.errors import ComponentError
-from interp.typing import Model
+from interp.models import Model
 from interp.validate import layer_indices
 
 # ---------------------------------------------------------------------------------------

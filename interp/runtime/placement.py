@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from interp.errors import InterpError
+from interp.models import Model
 from interp.runtime.hooks import blocks
-from interp.typing import Model
 
 
 def _hf(model: Model) -> Any:

@@ -13,8 +13,9 @@ from torch import Tensor
 
 from interp.data import counted_positions
 from interp.errors import ComponentError
+from interp.models import Model
 from interp.runtime import hooks as hk
-from interp.typing import Model, Resid, TokenNLL, Tokens
+from interp.typing import Resid, TokenNLL, Tokens
 
 DEFAULT_MAX_LOGITS = 1 << 23  # 32 MiB of float32 logits alive at once (fits a large L3)
 

@@ -18,10 +18,10 @@ from tqdm.auto import tqdm
 from interp import validate
 from interp.data import Examples, left_aligned
 from interp.errors import ComponentError, NonFiniteError
+from interp.models import Model
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_examples, device_of, listed, non_finite_weights, show_progress
 from interp.runtime.readout import Readout
-from interp.typing import Model
 
 
 def token_nll(logits: torch.Tensor, tokens: torch.Tensor, chunk: int = 32) -> torch.Tensor:

@@ -43,8 +43,8 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load_file, save_file
 
+from interp.models import Model
 from interp.runtime import hooks, placement
-from interp.typing import Model
 
 
 class BlockWeights(Protocol):

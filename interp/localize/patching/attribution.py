@@ -35,11 +35,12 @@ from interp.localize.patching.engine import _check_pair, _metric_values, _settin
 from interp.localize.patching.metrics import Metric, _metric
 from interp.localize.patching.patches import PAPER_COMPONENTS, LayerSelection, resolve_layers
 from interp.localize.patching.results import PatchResult
+from interp.models import Model
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of, show_progress
 from interp.runtime.capture import capture
 from interp.runtime.readout import Readout
-from interp.typing import Key, Model, Tokens
+from interp.typing import Key, Tokens
 
 
 @dataclass(frozen=True)

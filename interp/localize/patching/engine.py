@@ -50,14 +50,14 @@ from interp.errors import ComponentError, DataError, InterpError, NonFiniteError
 from interp.localize.patching.metrics import Metric, PerRow, _metric
 from interp.localize.patching.patches import Patch
 from interp.localize.patching.results import PatchResult
-from interp.models import model_name
+from interp.models import Model, model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_examples, check_finite_weights, device_of, show_progress
 from interp.runtime.capture import capture
 from interp.runtime.decoder import DecoderRunner
 from interp.runtime.readout import Readout
 from interp.runtime.scoring import model_logits
-from interp.typing import Key, Model, Resid, Tokens
+from interp.typing import Key, Resid, Tokens
 
 # ---------------------------------------------------------------------------------------
 # Hooks that replace an activation by the source's

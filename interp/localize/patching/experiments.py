@@ -43,8 +43,9 @@ from interp.localize.patching.patches import (
 )
 from interp.localize.patching.results import PatchResult
 from interp.localize.restoration import restore_layers
+from interp.models import Model
 from interp.runtime.scoring import nll
-from interp.typing import Model, PerExample, Tokens
+from interp.typing import PerExample, Tokens
 
 # ---------------------------------------------------------------------------------------
 # Front ends and thin specialisations

@@ -16,9 +16,9 @@ from typing import Literal, Union
 
 from interp import validate
 from interp.errors import ComponentError
+from interp.models import Model
 from interp.runtime import hooks as hk
 from interp.runtime.hooks import COMPONENT_RECORDS, PER_HEAD
-from interp.typing import Model
 
 PatchComponent = Literal[
     "resid_pre", "resid_mid", "resid_post", "attn_out", "head", "gate", "up", "down", "gate_input", "mlp_pre", "z",

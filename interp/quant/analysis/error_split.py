@@ -19,11 +19,11 @@ import pandas as pd
 
 from interp.data import Examples
 from interp.errors import InterpError
+from interp.models import Model
 from interp.quant.analysis.split import SplitResult, split_large_ctrl
 from interp.quant.apply import cached_quant_info, quantize_cached
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.quant.store import ScoreStore, score
-from interp.typing import Model
 
 
 @dataclass

@@ -14,9 +14,9 @@ from interp import stats
 from interp.data import Examples
 from interp.display import ResultDisplay
 from interp.io import sanitize
+from interp.models import Model
 from interp.probes import probe
 from interp.quant.analysis.common import ErrorsLike, error_series
-from interp.typing import Model
 
 
 @dataclass(frozen=True)

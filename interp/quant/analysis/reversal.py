@@ -24,10 +24,10 @@ from interp import stats
 from interp.data import Examples
 from interp.display import ResultDisplay
 from interp.io import sanitize
+from interp.models import Model
 from interp.probes import REDUCERS
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, show_progress
-from interp.typing import Model
 
 
 class _Stop(Exception):
