@@ -1,6 +1,7 @@
 """Regenerate the cross-check tables in docs/quantization_methods.md from docs/data/crosscheck.
 
-Reads ``crosscheck.csv`` (crosscheck.py), ``crosscheck_gptq.csv`` (gptq_library.py), ``kernels.json``
+Reads ``crosscheck.csv`` (crosscheck.py), ``crosscheck_gptq.csv`` (gptq_library.py),
+``crosscheck_awq.csv`` (awq_library.py), ``kernels.json``
 (real_kernels.py), ``export_nll.json`` (export_nll.py) where present, and, for the yardstick, the committed
 self-agreement data: the AVX2 vs AVX-512 runs (``docs/data/reproduction/sensitivity``, per-example NLL,
 recomputed here on all 128 examples and on the first N, the cross-check's examples) and the
@@ -44,8 +45,9 @@ def share(value: float) -> str:
 
 def library_rows() -> str:
     frames = [pd.read_csv(DATA / "crosscheck.csv")]
-    if (DATA / "crosscheck_gptq.csv").exists():
-        frames.append(pd.read_csv(DATA / "crosscheck_gptq.csv"))
+    for name in ("crosscheck_gptq.csv", "crosscheck_awq.csv"):
+        if (DATA / name).exists():
+            frames.append(pd.read_csv(DATA / name))
     lines = ["| ours | library | bits | same grid level | relative weight difference | Pearson (errors) "
              "| top-10% Jaccard | mean error ours | mean error theirs | n |",
              "|---|---|---|---|---|---|---|---|---|---|"]
