@@ -59,12 +59,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from interp.errors import ComponentError, InterpError, SpecError
-from interp.models import Model
 from interp.quant.spec import MethodSpec, parse_spec
 
 if TYPE_CHECKING:
     from jaxtyping import Float, Int
     from torch import Tensor
+
+    from interp.models import Model  # loads torch: for annotations only
 
 # torch is imported inside the functions: the CLI reads EXPORT_FORMATS while parsing options.
 

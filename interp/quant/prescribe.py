@@ -53,11 +53,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from interp.errors import SpecError
-from interp.models import Model
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
 
 if TYPE_CHECKING:
     from interp.data import Examples
+    from interp.models import Model  # loads torch: the CLI imports this module while parsing options
 
 __all__ = ["Plan", "WeightShape", "average_bits", "fill", "greedy_order", "group_overhead_bits", "heuristic_order",
            "plan_from_order", "prescribe", "random_order", "validate_request", "weight_bits"]
