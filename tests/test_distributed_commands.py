@@ -18,6 +18,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,22 @@ for name, argv in commands.items():
 """
 
 
+
+@contextmanager
+def one_process_like_a_rank(cache: Path) -> Iterator[None]:
+    """One thread and the ranks' model cache, as each torchrun rank has them; both restored afterwards."""
+    threads, old_cache = torch.get_num_threads(), os.environ.get("INTERP_CACHE")
+    torch.set_num_threads(1)
+    os.environ["INTERP_CACHE"] = str(cache)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if old_cache is None:
+            os.environ.pop("INTERP_CACHE", None)
+        else:
+            os.environ["INTERP_CACHE"] = old_cache
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -85,20 +103,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, Pa
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    old_cache = os.environ.get("INTERP_CACHE")
-    os.environ["INTERP_CACHE"] = str(cache)
-    try:
+    with one_process_like_a_rank(cache):
         for name, argv in COMMANDS.items():
             assert main([*argv, "--model", str(folder), "--data", str(data), *COMMON,
                          "--out", str(tmp / "single" / name)]) == 0
-    finally:
-        torch.set_num_threads(threads)
-        if old_cache is None:
-            os.environ.pop("INTERP_CACHE", None)
-        else:
-            os.environ["INTERP_CACHE"] = old_cache
     return folder, data, tmp / "dist", tmp / "single"
 
 
@@ -148,18 +156,8 @@ def test_resume_with_another_world_size_recomputes_only_the_missing_batch(runs: 
     killed.unlink()
     for name in OUTPUTS["lens"]:
         (out / name).unlink()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    old_cache = os.environ.get("INTERP_CACHE")
-    os.environ["INTERP_CACHE"] = str(dist.parent / "cache")
-    try:
+    with one_process_like_a_rank(dist.parent / "cache"):
         assert main([*COMMANDS["lens"], "--model", str(folder), "--data", str(data), *COMMON, "--out", str(out)]) == 0
-    finally:
-        torch.set_num_threads(threads)
-        if old_cache is None:
-            os.environ.pop("INTERP_CACHE", None)
-        else:
-            os.environ["INTERP_CACHE"] = old_cache
     assert killed.exists()
     assert {p: p.stat().st_mtime_ns for p in kept} == kept  # finished batches were read, not recomputed
     for name in OUTPUTS["lens"]:
