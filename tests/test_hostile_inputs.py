@@ -615,7 +615,8 @@ def broken_patterns(draw: Any) -> torch.Tensor:
     else:
         factor = draw(st.one_of(st.floats(0.0, 0.99), st.floats(1.01, 1e6)))
         broken[0, row] = broken[0, row] * factor
-        if factor == 0.0:  # an all-zero row is a padded query: valid, break another way
+        if not bool(broken[0, row].any()):  # all zero (factor 0, or a tiny one that underflows): a padded
+            # query, which is valid, so break it another way
             broken[0, row, col] = -1.0
     return broken
 
