@@ -8,7 +8,9 @@ highest-error examples, deduplicated) and D_ctrl with
 - ``interp lens`` runs early exit for {reference, quantized} x {D_large, D_ctrl} and the
   top-k layer restoration curve on D_large;
 - ``interp patch`` runs the paper's patching table (upper half, all positions), gate input
-  against gate weights, and optionally the per-layer sweep.
+  against gate weights, and optionally the per-layer sweep, with one copy of the weights: the
+  quantized block weights (the cache folder, :func:`saved_weights`) are swapped into the
+  reference per batch instead of loading the copy (``attribution`` alone still loads it).
 
 Every experiment writes ``<name>.csv`` and ``<name>.html`` into ``--out``, plus ``split.csv``
 (the per-example errors and sets) and ``settings.json``.
@@ -64,6 +66,24 @@ def prepare_pair(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     so a killed run resumes where it stopped and a rerun scores nothing again; the quantized
     model comes from the user cache, shared with the other commands and the report.
     """
+    reference, setup, spec, examples = _error_setup(args)
+    return reference, setup.quantized(spec), examples, setup.split
+
+
+def saved_weights(setup: Any, spec: Any, stash: Any) -> Any:
+    """One copy of the weights: ``spec``'s quantized block weights alone, as a
+    :class:`~interp.quant.inplace.SavedWeights` of the cache folder :func:`prepare_pair`'s copy is
+    loaded from (the same folder; quantized in place into ``stash`` first if it is missing). The
+    analyses swap them into the reference where a run needs them."""
+    from interp.quant.inplace import SavedWeights, cached_variant
+
+    folder = cached_variant(setup.reference, spec, setup.calibration, stash=stash, cache_dir=setup.cache_dir,
+                            progress=setup.progress, batch_size=setup.batch_size)
+    return SavedWeights(folder, setup.reference)
+
+
+def _error_setup(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    """Reference, :class:`~interp.quant.analysis.error_split.ErrorSplit`, parsed spec and eval examples."""
     import interp
     from interp.cli.common import load_model_and_examples
     from interp.quant import error_split, parse_spec
@@ -91,7 +111,7 @@ def prepare_pair(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         setup = error_split(reference, [spec], examples, errors=errors, **common)
     else:
         setup = error_split(reference, [spec], examples, store=store, **common)
-    return reference, setup.quantized(spec), examples, setup.split
+    return reference, setup, spec, examples
 
 
 def _write(out: Path, name: str, table: Any, figure: Any) -> None:
@@ -207,13 +227,21 @@ def cmd_patch(args: argparse.Namespace) -> int:
     from interp.io import ensure_writable_dir
     from interp.localize import patching
     from interp.runtime.distributed import process_group
+    from interp.runtime.swap import WeightStash
 
     experiments = _experiments(args.experiments)
     out = ensure_writable_dir(args.out)
     start = time.time()
+    # one copy of the weights: the quantized block weights are swapped into the reference per batch,
+    # the reference's own kept in a stash under --out meanwhile (written once, deleted at the end);
+    # attribution alone still loads the quantized copy (it differentiates through both models)
     with process_group(_group_device(args)):  # torchrun: whole batches per rank, merged on rank 0
-        reference, quantized, examples, split = prepare_pair(args)
-        results = _patch_experiments(args, experiments, reference, quantized, split.large)
+        reference, setup, spec, examples = _error_setup(args)
+        split = setup.split
+        with WeightStash(reference, out) as stash:
+            weights = saved_weights(setup, spec, stash)
+            results = _patch_experiments(args, experiments, reference, weights, split.large, stash,
+                                         lambda: setup.quantized(spec))
     if results is None:  # a rank other than 0: its batches are in --out/parts
         return 0
     d_large = split.large
@@ -246,44 +274,47 @@ def _group_device(args: argparse.Namespace) -> str:
     return local_device(args.device) if args.device == "cuda" else args.device
 
 
-def _patch_experiments(args: argparse.Namespace, experiments: list[str], reference: Any, quantized: Any,
-                       d_large: Any) -> dict[str, Any] | None:
+def _patch_experiments(args: argparse.Namespace, experiments: list[str], reference: Any, weights: Any,
+                       d_large: Any, stash: Any, load_quantized: Any) -> dict[str, Any] | None:
     """Each chosen experiment over the batches of D_large (:mod:`interp.cli.shard`); ``None`` off rank 0.
 
     Every experiment is the library function run on one batch at a time (the same batches as one
     process runs), so each example's values are those :func:`~interp.localize.patching.patching_table`
-    and the others give on the whole set; rank 0 rebuilds the results from them.
+    and the others give on the whole set; rank 0 rebuilds the results from them. ``weights`` are the
+    quantized block weights (swapped into ``reference`` per batch, its own kept in ``stash``, written
+    once for all batches); ``load_quantized()`` loads the quantized copy, for attribution alone.
     """
+    from types import SimpleNamespace
+
     from interp.cli import shard
     from interp.localize import patching
     from interp.localize.patching.patches import joint_patches, resolve_layers
-    from interp.localize.restoration import restore_layers
-    from interp.runtime.scoring import nll
 
     components = [c.strip() for c in args.components.split(",") if c.strip()]
-    engine = {"batch_size": args.batch_size, "max_rows": args.max_rows, "progress": False}
+    engine = {"batch_size": args.batch_size, "max_rows": args.max_rows, "progress": False, "stash": stash}
     layers = _layers(args.layers)
+    # the parts folders are fingerprinted by the quantized copy's identity, as when it was loaded
+    quantized_id = SimpleNamespace(info=weights.model_info) if weights.model_info is not None else load_quantized()
     results: dict[str, Any] = {}
     if "table" in experiments:
         results["table"] = shard.sharded_patch(
-            args, "table", lambda sub: patching.patching_table(reference, quantized, sub, layers, components, **engine),
-            quantized, d_large)
-    if "gate-input" in experiments:  # gate_input_vs_gate_weights, its restored copy built once, not per batch
-        chosen = resolve_layers(quantized, layers)
-        restored = restore_layers(quantized, reference, chosen, roles=["gate"])
+            args, "table", lambda sub: patching.patching_table(reference, weights, sub, layers, components, **engine),
+            quantized_id, d_large)
+    if "gate-input" in experiments:  # gate_input_vs_gate_weights, batch by batch
+        chosen = resolve_layers(reference, layers)
 
         def gate_input(sub: Any) -> Any:
-            patched = patching.patch(quantized, reference, sub, joint_patches(["gate_input"], chosen), **engine)
-            return patching.GateInputComparison(patched=patched, layers=chosen,
-                                                restored_nll=nll(restored, sub, batch_size=args.batch_size).double())
+            patched = patching.patch(weights, reference, sub, joint_patches(["gate_input"], chosen), **engine)
+            restored = patching.gate_restored_nll(reference, weights, sub, chosen, args.batch_size, stash)
+            return patching.GateInputComparison(patched=patched, layers=chosen, restored_nll=restored)
 
-        results["gate-input"] = shard.sharded_gate_input(args, gate_input, quantized, d_large)
-        del restored
+        results["gate-input"] = shard.sharded_gate_input(args, gate_input, quantized_id, d_large)
     if "sweep" in experiments:
         results["sweep"] = shard.sharded_patch(
-            args, "sweep", lambda sub: patching.layer_sweep(reference, quantized, sub, components, layers, **engine),
-            quantized, d_large)
-    if "attribution" in experiments:
+            args, "sweep", lambda sub: patching.layer_sweep(reference, weights, sub, components, layers, **engine),
+            quantized_id, d_large)
+    if "attribution" in experiments:  # gradients through both models at once: this one loads the quantized copy
+        quantized = load_quantized()
         half = max(1, args.batch_size // 2)
         results["attribution"] = shard.sharded_attribution(
             args, lambda sub: patching.attribution(quantized, reference, sub, components, batch_size=half,

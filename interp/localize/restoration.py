@@ -50,7 +50,7 @@ from interp.runtime.capture import capture
 from interp.runtime.decoder import DecoderRunner
 from interp.runtime.readout import Readout
 from interp.runtime.scoring import nll
-from interp.runtime.swap import BlockWeights, WeightStash, swapped
+from interp.runtime.swap import BlockWeights, WeightStash, is_block_weights, swapped
 from interp.typing import PerExample
 
 
@@ -251,7 +251,7 @@ def restoration_sweep(
         A :class:`RestorationResult`; ``result.nll[i]`` equals
         ``interp.nll(restore_layers(quantized, reference, order[:ks[i]]), examples)``.
     """
-    in_place = not hasattr(quantized, "original_model") and hasattr(quantized, "block")
+    in_place = is_block_weights(quantized)
     model = reference if in_place else quantized
     n = hk.n_layers(model)
     order = hk.check_layers(model, order if order is not None else range(n - 1, -1, -1))

@@ -410,15 +410,22 @@ def _replays(feeder: LayerFeeder, slots: dict[str, Any], groups: list[list[str]]
     return same and all(torch.equal(a, b) for a, b in zip(feeder.outputs(layer), outputs, strict=True))
 
 
-def _label(qmodel: Model, reference: Model, info: QuantInfo) -> None:
-    """Attach ``quant_info`` and give the copy its own name and identity."""
+def quantized_model_info(reference: Model, info: QuantInfo) -> Any:
+    """The ``info`` a quantized copy of ``reference`` carries (its own name and identity), or ``None``
+    when the reference has none; :class:`~interp.quant.inplace.SavedWeights` names itself by it too."""
     calibration_hash = (info.calibration or {}).get("hash", "none")
     identity = hashlib.sha256(f"{info.reference_hash}|{info.spec}|{calibration_hash}".encode()).hexdigest()
     ref_info = getattr(reference, "info", None)
-    if ref_info is not None:
-        object.__setattr__(
-            qmodel, "info", dataclasses.replace(ref_info, name=f"{ref_info.name}+{info.spec}", source_hash=identity)
-        )
+    if ref_info is None:
+        return None
+    return dataclasses.replace(ref_info, name=f"{ref_info.name}+{info.spec}", source_hash=identity)
+
+
+def _label(qmodel: Model, reference: Model, info: QuantInfo) -> None:
+    """Attach ``quant_info`` and give the copy its own name and identity."""
+    model_info = quantized_model_info(reference, info)
+    if model_info is not None:
+        object.__setattr__(qmodel, "info", model_info)
     object.__setattr__(qmodel, "quant_info", info)
 
 

@@ -51,6 +51,7 @@ from interp.quant.apply import (
     _quantize_weights,
     cache_key,
     model_hash,
+    quantized_model_info,
     read_quant_info,
     save_quantized,
 )
@@ -107,6 +108,12 @@ class SavedWeights:
         folder: the saved folder.
         reference: the model the weights go into; the folder must have been made from it.
         reference_hash: its :func:`~interp.models.model_hash`, when already known.
+
+    Attributes:
+        info: the weights' :class:`~interp.quant.apply.QuantInfo`.
+        model_info: the ``info`` that :func:`~interp.quant.apply.load_quantized`'s copy would carry
+            (``None`` for a reference without one), so ``model_hash`` of anything carrying it is the copy's.
+        name: that copy's name (``"<reference>+<spec>"``), which results record for the target.
     """
 
     def __init__(self, folder: str | Path, reference: Model, reference_hash: str | None = None) -> None:
@@ -114,6 +121,8 @@ class SavedWeights:
         self.reference = reference
         record = _checked_record(reference, self.folder, reference_hash or model_hash(reference))
         self.info = _info_from_record(record)
+        self.model_info = quantized_model_info(reference, self.info)
+        self.name = model_name(self.reference) if self.model_info is None else self.model_info.name
 
     def block(self, layer: int) -> dict[str, torch.Tensor]:
         with safe_open(str(self.folder / WEIGHTS_FILE), framework="pt") as saved:

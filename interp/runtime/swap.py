@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from interp.errors import ComponentError
 from interp.models import Model
 from interp.runtime import hooks, placement
 
@@ -113,20 +114,60 @@ def write_block(model: Model, layer: int, values: dict[str, torch.Tensor]) -> No
             slots[role].write(value)
 
 
+def is_block_weights(obj: Any) -> bool:
+    """Whether ``obj`` is a :class:`BlockWeights` source rather than a model (it has ``block`` and no
+    ``original_model``): the analyses that take either tell them apart this way."""
+    return hasattr(obj, "block") and not hasattr(obj, "original_model")
+
+
+def _checked_roles(model: Model, layers: Sequence[int], roles: Iterable[str] | None) -> set[str] | None:
+    if roles is None:
+        return None
+    wanted = set(roles)
+    for layer in layers:
+        unknown = sorted(wanted - set(hooks.linear_weights(model, layer)))
+        if unknown:
+            raise ComponentError(f"Unknown linear roles {unknown} for swapped(); block {layer} has "
+                                 f"{sorted(hooks.linear_weights(model, layer))}.")
+    return wanted
+
+
 @contextlib.contextmanager
 def swapped(model: Model, weights: BlockWeights, *, layers: Iterable[int] | None = None,
-            stash: WeightStash | None = None) -> Iterator[None]:
+            roles: Iterable[str] | None = None, stash: WeightStash | None = None) -> Iterator[None]:
     """Inside the block, ``model``'s blocks ``layers`` (default: all) carry ``weights``; after it, their own.
 
-    ``stash`` may be shared by several swaps in a row (each block is stashed once); without one,
-    a temporary stash is made and deleted.
+    ``roles`` (e.g. every role but ``"gate"``) swaps only those linear weights of the blocks; the
+    others keep the model's own (default: every role ``weights`` gives). ``stash`` may be shared by
+    several swaps in a row or nested (each block is stashed once, before its first change, and
+    every stashed block is written back on leaving each of them); without one, a temporary stash is
+    made and deleted. Unknown roles are refused before anything changes.
+
+    Example (the quantized model with its block-1 gate restored, as in
+    :func:`interp.localize.patching.gate_input_vs_gate_weights`):
+
+        >>> import interp, torch
+        >>> model, other = interp.tiny_model("llama", seed=0), interp.tiny_model("llama", seed=1)
+        >>> class Other:
+        ...     def block(self, layer):
+        ...         return {r: s.read() for r, s in hooks.linear_weights(other, layer).items()}
+        >>> own_gate = hooks.linear_weights(model, 1)["gate"].read().clone()
+        >>> other_up = hooks.linear_weights(other, 1)["up"].read()
+        >>> with WeightStash(model) as stash, swapped(model, Other(), layers=[0], stash=stash), \\
+        ...         swapped(model, Other(), layers=[1], roles=["q", "k", "v", "o", "up", "down"], stash=stash):
+        ...     slots = hooks.linear_weights(model, 1)
+        ...     torch.equal(slots["gate"].read(), own_gate), torch.equal(slots["up"].read(), other_up)
+        (True, True)
     """
+    chosen = list(range(hooks.n_layers(model)) if layers is None else sorted(set(layers)))
+    wanted = _checked_roles(model, chosen, roles)
     own = stash is None
     active = WeightStash(model) if stash is None else stash
     try:
-        for layer in range(hooks.n_layers(model)) if layers is None else sorted(set(layers)):
+        for layer in chosen:
             active.save(layer)
-            write_block(model, layer, weights.block(layer))
+            values = weights.block(layer)
+            write_block(model, layer, values if wanted is None else {r: v for r, v in values.items() if r in wanted})
         yield
     finally:
         active.restore_all()

@@ -77,6 +77,7 @@ from interp.localize.patching.experiments import (
     clean_corrupt,
     cross_model,
     gate_input_vs_gate_weights,
+    gate_restored_nll,
     layer_sweep,
     patch_attn_out,
     patch_component,
@@ -109,8 +110,8 @@ from interp.runtime.decoder import DecoderRunner
 __all__ = [
     "PAPER_COMPONENTS", "PAPER_NAMES", "PATCHABLE", "AttributionResult", "DecoderRunner", "GateInputComparison",
     "LayerSelection", "LogitDiffMetric", "Metric", "NLLMetric", "Patch", "PatchComponent", "PatchResult",
-    "attribution", "capture", "clean_corrupt", "cross_model", "gate_input_vs_gate_weights", "joint_patches",
-    "layer_sweep", "patch", "patch_attn_out", "patch_component", "patch_down", "patch_gate", "patch_gate_input",
-    "patch_heads", "patch_naive", "patch_resid_pre", "patch_up", "patching_table", "position_patches",
-    "rank_agreement", "resolve_layers", "single_layer_patches", "span",
+    "attribution", "capture", "clean_corrupt", "cross_model", "gate_input_vs_gate_weights", "gate_restored_nll",
+    "joint_patches", "layer_sweep", "patch", "patch_attn_out", "patch_component", "patch_down", "patch_gate",
+    "patch_gate_input", "patch_heads", "patch_naive", "patch_resid_pre", "patch_up", "patching_table",
+    "position_patches", "rank_agreement", "resolve_layers", "single_layer_patches", "span",
 ]

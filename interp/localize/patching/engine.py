@@ -34,11 +34,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from jaxtyping import Float
@@ -52,11 +53,12 @@ from interp.localize.patching.patches import Patch
 from interp.localize.patching.results import PatchResult
 from interp.models import Model, model_name
 from interp.runtime import hooks as hk
-from interp.runtime.batching import batches, check_examples, check_finite_weights, device_of, show_progress
+from interp.runtime.batching import batches, check_examples, check_finite_weights, device_of, listed, show_progress
 from interp.runtime.capture import capture
 from interp.runtime.decoder import DecoderRunner
 from interp.runtime.readout import Readout
 from interp.runtime.scoring import model_logits
+from interp.runtime.swap import BlockWeights, WeightStash, is_block_weights, swapped
 from interp.typing import Key, Resid, Tokens
 
 # ---------------------------------------------------------------------------------------
@@ -292,9 +294,10 @@ def _source_keys(patches: Sequence[Patch]) -> list[Key]:
     return list(dict.fromkeys((p.component, layer) for p in patches for layer in p.layers))
 
 
-def _settings(target: Model, source: Model, examples: Examples, batch_size: int, **extra: Any) -> dict[str, Any]:
-    def name(model: Model) -> str:
-        return str(model_name(model))
+def _settings(target: Model | str, source: Model, examples: Examples, batch_size: int, **extra: Any
+              ) -> dict[str, Any]:
+    def name(model: Model | str) -> str:
+        return model if isinstance(model, str) else str(model_name(model))
 
     return {"target": name(target), "source": name(source), "batch_size": batch_size,
             "examples": dict(examples.settings), **extra}
@@ -312,6 +315,18 @@ class _Batch:
     masks: list[Tensor] | None = None  # aligned rows: per patch, the target positions it overwrites
 
 
+@dataclass
+class _SourceSide:
+    """What the source run leaves for the target's: the rows (left-aligned when they need it) and the source's
+    activations, captured before the target runs (with one copy of the weights, before its weights go in)."""
+
+    tokens: Tokens
+    index: Tensor
+    source_cache: dict[Key, Tensor]
+    lengths: Tensor | None = None  # aligned rows: the target rows' real lengths
+    source_lengths: Tensor | None = None  # and the source rows'
+
+
 class _Engine:
     def __init__(self, target: Model, source: Model, patches: list[Patch], metric: Metric, fast: bool) -> None:
         self.target, self.source, self.patches, self.metric = target, source, patches, metric
@@ -320,16 +335,23 @@ class _Engine:
         self.verified = self.runner is None
         self.order = sorted(range(len(patches)), key=lambda j: patches[j].start)
 
-    def prepare(self, tokens: Tokens, source_tokens: Tokens, index: Tensor, masks: tuple[Tensor | None, Tensor | None]
-                | None = None) -> tuple[_Batch, PerRow, PerRow]:
-        """Capture the source and the target's cached residuals for one batch; ``masks`` (the
-        target's and source's attention masks, or ``None`` for a side without padding) is given
-        when the rows need aligning."""
+    def prepare_source(self, tokens: Tokens, source_tokens: Tokens, index: Tensor,
+                       masks: tuple[Tensor | None, Tensor | None] | None = None) -> tuple[_SourceSide, PerRow]:
+        """Capture the source for one batch: the patched components' activations and its metric.
+        ``masks`` (the target's and source's attention masks, or ``None`` for a side without
+        padding) is given when the rows need aligning."""
         lengths = source_lengths = None
         if masks is not None:
             tokens, lengths = _aligned_rows(tokens, masks[0])
             source_tokens, source_lengths = _aligned_rows(source_tokens, masks[1])
         source_cache, source_final = capture(self.source, source_tokens, _source_keys(self.patches))
+        source_value = _metric_values(self.metric, "from_resid", self.readout_source, source_final, source_tokens,
+                                      index, lengths=source_lengths)
+        return _SourceSide(tokens, index, source_cache, lengths, source_lengths), source_value
+
+    def prepare_target(self, side: _SourceSide) -> tuple[_Batch, PerRow]:
+        """The target's cached residuals and unpatched metric for the batch ``side`` was captured for."""
+        tokens, index, lengths, source_lengths = side.tokens, side.index, side.lengths, side.source_lengths
         keys: list[Key] = []
         if self.runner is not None:
             keys = [("resid_pre", layer) for layer in sorted({p.start for p in self.patches})]
@@ -343,18 +365,16 @@ class _Engine:
                               stacklevel=3)
                 self.runner = None
             self.verified = True
-        source_value = _metric_values(self.metric, "from_resid", self.readout_source, source_final, source_tokens,
-                                      index, lengths=source_lengths)
         target_value = _metric_values(self.metric, "from_resid", self.readout_target, target_final, tokens, index,
                                       lengths=lengths)
-        batch = _Batch(tokens, index, source_cache, target_cache)
+        batch = _Batch(tokens, index, side.source_cache, target_cache)
         if lengths is not None and source_lengths is not None:
             width, n_heads = tokens.shape[1], int(self.target.cfg.n_heads)
             batch.source_cache = {key: _end_aligned(x, lengths, source_lengths, width)
-                                  for key, x in source_cache.items()}
+                                  for key, x in side.source_cache.items()}
             batch.masks = [_job_mask(job, lengths, source_lengths, width, n_heads) for job in self.patches]
             batch.lengths = lengths
-        return batch, target_value, source_value
+        return batch, target_value
 
     def run_window(self, batch: _Batch, window: list[int]) -> Float[Tensor, "jobs batch"]:
         jobs = [self.patches[j] for j in window]
@@ -410,7 +430,7 @@ class _Engine:
 
 
 def patch(
-    target: Model,
+    target: Model | BlockWeights,
     source: Model,
     examples: Examples,
     patches: Sequence[Patch],
@@ -421,6 +441,7 @@ def patch(
     max_rows: int = 64,
     progress: bool | None = None,
     fast: bool = True,
+    stash: WeightStash | None = None,
 ) -> PatchResult:
     """The patching engine: run ``target`` on ``examples`` with each patch from ``source``.
 
@@ -445,9 +466,19 @@ def patch(
     For unpadded rows of one length all of this reduces to the usual: position ``p`` (or
     ``p - T`` from the end) in both runs.
 
+    One copy of the weights: ``target`` may be a variant's block weights alone (a
+    :class:`~interp.runtime.swap.BlockWeights` such as :class:`interp.quant.inplace.SavedWeights`,
+    told apart as :func:`~interp.runtime.swap.is_block_weights` does) with ``source`` the model
+    they belong in. Each batch then runs the source first (the patched components' activations
+    and the source metric), swaps the target's weights into ``source``
+    (:func:`~interp.runtime.swap.swapped`, its own weights stashed on disk once per call), runs the
+    unpatched and patched target, and swaps back. The values are the two-model path's (the same
+    forwards on the same weights; tested with ``torch.equal``), and ``source`` is bit-identical
+    afterwards, also when the run fails inside.
+
     Args:
         target: the model whose run is patched (e.g. the quantized model, or the model on
-            corrupted prompts).
+            corrupted prompts), or its block weights alone (see above).
         source: the model the activations come from (e.g. the reference; may be ``target``).
         examples: the target's token rows.
         patches: the jobs (see :func:`~interp.localize.patching.patches.single_layer_patches`,
@@ -462,6 +493,9 @@ def patch(
         progress: show a progress bar.
         fast: reuse the target's unpatched prefix (default); ``False`` runs full forwards
             (the results are the same).
+        stash: with block weights as ``target``, the :class:`~interp.runtime.swap.WeightStash`
+            of ``source`` to keep its own weights in (share one across calls, e.g. one per batch
+            under ``torchrun``, to write them to disk once); default: one for this call.
 
     Returns:
         A :class:`~interp.localize.patching.results.PatchResult`.
@@ -477,32 +511,84 @@ def patch(
         >>> bool(torch.allclose(result.values[0], result.source, atol=1e-5))  # the last residual carries it all
         True
     """
+    weights = cast(BlockWeights, target) if is_block_weights(target) else None
+    model = source if weights is not None else cast(Model, target)
     source_examples = source_examples if source_examples is not None else examples
-    _check_pair(target, source, examples, source_examples)
-    engine = _Engine(target, source, _checked_patches(target, patches, examples.seq_len), _metric(metric), fast)
+    _check_pair(model, source, examples, source_examples)
+    engine = _Engine(model, source, _checked_patches(model, patches, examples.seq_len), _metric(metric), fast)
     lengths = _checked_lengths(examples, source_examples, engine.patches, engine.metric)
     n = len(examples)
     values = torch.empty(len(engine.patches), n, dtype=torch.float64)
     target_values, source_values = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
-    device = device_of(target)
+    device = device_of(model)
     jobs_per_window = max(1, max_rows // max(1, min(batch_size, n)))
     windows = [engine.order[i : i + jobs_per_window] for i in range(0, len(engine.order), jobs_per_window)]
     bar = tqdm(total=len(windows) * len(list(batches(n, batch_size))), desc="patch", unit="run",
                disable=not show_progress(progress))
-    with torch.no_grad():
+    with torch.no_grad(), _TargetWeights(source, weights, stash) as as_target:
         for start, end in batches(n, batch_size):
             index = torch.arange(start, end)
             masks = None
             if lengths is not None:
                 masks = (_batch_mask(examples, start, end), _batch_mask(source_examples, start, end))
-            batch, target_values[start:end], source_values[start:end] = engine.prepare(
+            side, source_values[start:end] = engine.prepare_source(
                 examples.tokens[start:end].to(device), source_examples.tokens[start:end].to(device), index, masks)
-            for window in windows:
-                values[window, start:end] = engine.run_window(batch, window).cpu()
-                bar.update(1)
+            with as_target():
+                batch, target_values[start:end] = engine.prepare_target(side)
+                for window in windows:
+                    values[window, start:end] = engine.run_window(batch, window).cpu()
+                    bar.update(1)
     bar.close()
-    return _result(values, target_values, source_values, engine.patches, examples, engine.metric,
-                   _settings(target, source, examples, batch_size, max_rows=max_rows, fast=engine.runner is not None))
+    # block weights name themselves as their model would (SavedWeights: the quantized copy's name)
+    settings = _settings(str(getattr(weights, "name", "block weights")) if weights is not None else model, source,
+                         examples, batch_size, max_rows=max_rows, fast=engine.runner is not None)
+    return _result(values, target_values, source_values, engine.patches, examples, engine.metric, settings)
+
+
+class _TargetWeights:
+    """``with _TargetWeights(source, weights, stash) as as_target: with as_target(): ...``: inside the inner
+    block ``source`` carries ``weights`` (nothing changes when ``weights`` is ``None``: two models).
+
+    One stash serves every batch (each block is written to disk once); it is the caller's when given,
+    else made here and deleted on leaving. The target's weights are checked for NaN/inf the first
+    time they are in place, before its first forward.
+    """
+
+    def __init__(self, source: Model, weights: BlockWeights | None, stash: WeightStash | None) -> None:
+        self.source, self.weights, self.stash = source, weights, stash
+        self._own: WeightStash | None = None
+        self._checked = False
+
+    def __enter__(self) -> Callable[[], contextlib.AbstractContextManager[None]]:
+        if self.weights is not None and self.stash is None:
+            self._own = self.stash = WeightStash(self.source)
+        return self._as_target
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._own is not None:
+            self._own.close()
+
+    @contextlib.contextmanager
+    def _as_target(self) -> Iterator[None]:
+        if self.weights is None:
+            yield
+            return
+        with swapped(self.source, self.weights, stash=self.stash):
+            if not self._checked:
+                _check_finite_blocks(self.source)
+                self._checked = True
+            yield
+
+
+def _check_finite_blocks(model: Model) -> None:
+    """:func:`~interp.runtime.batching.check_finite_weights` for the swapped-in block weights alone (the
+    rest is the source's, checked already); a block offloaded by a ``device_map`` is skipped, as there."""
+    bad = [f"block {layer} {role}" for layer in range(hk.n_layers(model))
+           for role, slot in hk.linear_weights(model, layer).items()
+           if not slot.read().is_meta and not bool(torch.isfinite(slot.read()).all())]
+    if bad:
+        raise NonFiniteError(f"The target's block weights have NaN/inf ({listed(bad)}), so any number computed from "
+                             "them is meaningless. Quantize again, or repair the saved weights.")
 
 
 def _batch_mask(examples: Examples, start: int, end: int) -> Tensor | None:

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,7 +45,9 @@ from interp.localize.patching.patches import (
 from interp.localize.patching.results import PatchResult
 from interp.localize.restoration import restore_layers
 from interp.models import Model
+from interp.runtime import hooks as hk
 from interp.runtime.scoring import nll
+from interp.runtime.swap import WeightStash, is_block_weights, swapped
 from interp.typing import PerExample, Tokens
 
 # ---------------------------------------------------------------------------------------
@@ -160,15 +163,25 @@ def patching_table(
     The paper's Table 4: run the quantized model on D_large and overwrite one component, in
     the upper half of the layers and at every position, with the reference model's
     activation. ``result.table()`` lists each component's perplexity and recovery.
+
+    ``quantized`` may be the quantized model or its block weights alone (a
+    :class:`~interp.runtime.swap.BlockWeights` such as :class:`interp.quant.inplace.SavedWeights`):
+    then one copy of the weights is held (see :func:`~interp.localize.patching.engine.patch`).
     """
-    return patch(quantized, reference, d_large, joint_patches(components, resolve_layers(quantized, layers)), **engine)
+    chosen = resolve_layers(_layout(reference, quantized), layers)
+    return patch(quantized, reference, d_large, joint_patches(components, chosen), **engine)
 
 
 def layer_sweep(reference: Model, quantized: Any, examples: Examples, components: Sequence[str] = PAPER_COMPONENTS,
                 layers: LayerSelection = None, **engine: Any) -> PatchResult:
-    """Patch each component of the reference into the quantized model one layer at a time."""
-    jobs = single_layer_patches(components, resolve_layers(quantized, layers))
+    """Patch each component of the reference into the quantized model (or its block weights) one layer at a time."""
+    jobs = single_layer_patches(components, resolve_layers(_layout(reference, quantized), layers))
     return patch(quantized, reference, examples, jobs, **engine)
+
+
+def _layout(reference: Model, quantized: Any) -> Model:
+    """The model whose layers a selection counts: the quantized one, or the reference when given its weights alone."""
+    return reference if is_block_weights(quantized) else quantized
 
 
 @dataclass(frozen=True)
@@ -212,13 +225,35 @@ def gate_input_vs_gate_weights(
 
     Compares (a) feeding the reference's gate input through the quantized gate weights with
     (b) restoring the gate weights to the reference's while the input stays quantized, both
-    on ``layers`` of the quantized model.
+    on ``layers`` of the quantized model. ``quantized`` may be its block weights alone
+    (one copy of the weights, as in :func:`patching_table`); (b) then swaps them into the
+    reference except the gate of ``layers`` (:func:`gate_restored_nll`).
     """
-    chosen = resolve_layers(quantized, layers)
+    chosen = resolve_layers(_layout(reference, quantized), layers)
     patched = patch(quantized, reference, d_large, joint_patches(["gate_input"], chosen), batch_size=batch_size,
                     **engine)
-    restored = restore_layers(quantized, reference, chosen, roles=["gate"])
-    restored_nll = nll(restored, d_large, batch_size=batch_size).double()
-    del restored
-    return GateInputComparison(patched=patched, restored_nll=restored_nll, layers=chosen)
+    stash = engine.get("stash")
+    return GateInputComparison(patched=patched, layers=chosen,
+                               restored_nll=gate_restored_nll(reference, quantized, d_large, chosen, batch_size, stash))
 
+
+def gate_restored_nll(reference: Model, quantized: Any, examples: Examples, layers: Sequence[int],
+                      batch_size: int = 8, stash: WeightStash | None = None) -> PerExample:
+    """``[N]`` NLL of the quantized model with the gate weights of ``layers`` restored to the reference's.
+
+    With the quantized model, on a copy (:func:`~interp.localize.restoration.restore_layers`). With its
+    block weights alone, in place: they are swapped into ``reference`` everywhere except the gate
+    role of ``layers`` (``swapped(..., roles=...)``), which keeps the reference's, and swapped back
+    (``stash`` as in :func:`~interp.localize.patching.engine.patch`). Both give the same weights.
+    """
+    if not is_block_weights(quantized):
+        restored = restore_layers(quantized, reference, layers, roles=["gate"])
+        return nll(restored, examples, batch_size=batch_size).double()
+    chosen = set(layers)
+    others = [layer for layer in range(hk.n_layers(reference)) if layer not in chosen]
+    roles = {role for layer in chosen for role in hk.linear_weights(reference, layer) if role != "gate"}
+    with contextlib.ExitStack() as scope:
+        active = stash if stash is not None else scope.enter_context(WeightStash(reference))
+        scope.enter_context(swapped(reference, quantized, layers=others, stash=active))
+        scope.enter_context(swapped(reference, quantized, layers=sorted(chosen), roles=roles, stash=active))
+        return nll(reference, examples, batch_size=batch_size).double()
