@@ -12,18 +12,12 @@ job had been killed, then one process) must recompute only that batch and give t
 
 from __future__ import annotations
 
-import os
-import random
-import socket
-import subprocess
-import sys
 import textwrap
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from torchrun_helpers import documents, one_process_like_a_rank, torchrun
 
 import interp
 from interp.cli.main import main
@@ -58,49 +52,16 @@ for name, argv in commands.items():
 
 
 
-@contextmanager
-def one_process_like_a_rank(cache: Path) -> Iterator[None]:
-    """One thread and the ranks' model cache, as each torchrun rank has them; both restored afterwards."""
-    threads, old_cache = torch.get_num_threads(), os.environ.get("INTERP_CACHE")
-    torch.set_num_threads(1)
-    os.environ["INTERP_CACHE"] = str(cache)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        if old_cache is None:
-            os.environ.pop("INTERP_CACHE", None)
-        else:
-            os.environ["INTERP_CACHE"] = old_cache
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _documents(path: Path) -> Path:
-    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi pi rho sigma tau".split()
-    rng = random.Random(0)
-    path.write_text("\n\n".join(" ".join(rng.choice(words) for _ in range(40)) for _ in range(40)))
-    return path
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, Path]:
     """(folder, data, torchrun outputs, single-process outputs); both with the same model cache."""
     tmp = tmp_path_factory.mktemp("dist_commands")
-    folder, data = tmp / "tiny", _documents(tmp / "docs.txt")
+    folder, data = tmp / "tiny", documents(tmp / "docs.txt")
     interp.models.export_hf(interp.tiny_model("llama", seed=0), folder)
     cache = tmp / "cache"
     script = tmp / "driver.py"
     script.write_text(textwrap.dedent(DRIVER.format(commands=COMMANDS, common=COMMON)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "INTERP_CACHE": str(cache),
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(script), str(folder), str(data), str(tmp / "dist")]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    result = torchrun([str(script), str(folder), str(data), str(tmp / "dist")], cache)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     with one_process_like_a_rank(cache):
@@ -198,16 +159,6 @@ def test_map_batches_refuses_a_batch_without_the_example_axis_first(tmp_path: Pa
         map_batches(lambda sub: ({"x": torch.zeros(2, len(sub))}, {}), ex, 3, tmp_path)
 
 
-def test_report_refuses_torchrun_before_loading_a_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    code = main(["report", "--model", "no-such-model", "--out", str(tmp_path / "r")])
-    err = capsys.readouterr().err
-    assert code != 0
-    assert "does not split its work" in err and "interp probe" in err and "docs/scaling.md" in err
-    assert not (tmp_path / "r").exists()
-
-
 FAILING_DRIVER = """
 import sys, torch
 from interp.data import Examples
@@ -226,11 +177,7 @@ map_batches(compute, Examples.from_tokens(torch.zeros(8, 4, dtype=torch.long)), 
 def test_a_failing_rank_stops_the_others_instead_of_leaving_them_at_a_barrier(tmp_path: Path) -> None:
     script = tmp_path / "fail.py"
     script.write_text(FAILING_DRIVER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(script), str(tmp_path / "parts")]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    result = torchrun([str(script), str(tmp_path / "parts")], tmp_path / "cache", timeout=120)
     assert result.returncode != 0
     assert "rank 1 breaks" in result.stderr and "Another rank failed" in result.stderr
     assert len(list((tmp_path / "parts").glob("*.safetensors"))) == 2  # rank 0's finished batches are kept

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from interp.errors import ModelLoadError, ResourceError
+from interp.errors import InterpError, ModelLoadError, ResourceError
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -249,6 +249,21 @@ def _bundled() -> Sequence[str]:
     from interp.models import BUNDLED
 
     return tuple(BUNDLED)
+
+
+# the commands that split their work over the ranks of a torchrun job (interp.cli.shard, docs/scaling.md)
+SHARDED_COMMANDS = ("score", "probe", "attention", "lens", "patch", "report")
+
+
+def refuse_unsharded(name: str) -> None:
+    """Under torchrun (``WORLD_SIZE > 1``) a command that does not split its work stops before it loads anything:
+    every rank would repeat the whole run and write the same files."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size > 1 and name not in SHARDED_COMMANDS:
+        raise InterpError(f"interp {name} does not split its work over processes; started here with WORLD_SIZE={size}, "
+                          "every rank would repeat the whole run and write the same files. Run it without torchrun. "
+                          f"These commands shard whole batches over the ranks: interp "
+                          f"{', interp '.join(SHARDED_COMMANDS)} (docs/scaling.md).")
 
 
 def add_checks(p: argparse.ArgumentParser, *checks: Check) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from interp import __version__
 from interp.cli import attention, lens, prescribe, probe, quant, report
-from interp.cli.common import COMMANDS, HelpFormatter, unknown_name
+from interp.cli.common import COMMANDS, HelpFormatter, refuse_unsharded, unknown_name
 from interp.errors import InterpError
 
 DESCRIPTION = (
@@ -97,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 0
+        refuse_unsharded(args.command)
         for check in getattr(args, "checks", ()):
             check(args)
         return int(args.func(args) or 0)

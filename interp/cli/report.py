@@ -32,14 +32,6 @@ def _check_screenshot(args: argparse.Namespace) -> None:
         check_writable_file(args.screenshot, "--screenshot")
 
 
-def _refuse_torchrun(args: argparse.Namespace) -> None:
-    """Under torchrun every rank would run the whole report into the same folder: refused, with what does shard."""
-    from interp.cli.shard import refuse_under_torchrun
-
-    refuse_under_torchrun("report", "its stages share one resumable folder and several of them, quantization "
-                                    "with calibration among them, are not split into batches")
-
-
 def _report_args(p: argparse.ArgumentParser) -> None:
     from interp.report.run import ReportSettings
 
@@ -72,12 +64,17 @@ def _report_args(p: argparse.ArgumentParser) -> None:
                    help="also write OUT/report.html: one page with plotly.js inlined (~5 MB) that works on its own")
     p.add_argument("--screenshot", default=None, help="also save a headless-Chromium screenshot of the page here")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_checks(p, _refuse_torchrun, check_loads_model, check_data, check_out, _check_screenshot)
+    p.add_argument("--threads", type=int_at_least(1), default=None,
+                   help="torch threads per process (under torchrun: default cores / ranks on this node)")
+    add_checks(p, check_loads_model, check_data, check_out, _check_screenshot)
 
 
 @command("report", "run every analysis and write the offline HTML report (resumable)", _report_args)
 def cmd_report(args: argparse.Namespace) -> int:
     from interp.report.run import ReportSettings, run_report
+    from interp.runtime.distributed import pin_threads, world
+
+    pin_threads(args.threads)
 
     overrides: dict = {"model": args.model, "data": args.data, "seed": args.seed, "batch_size": args.batch_size,
                        "device": args.device, "dtype": args.dtype}
@@ -94,6 +91,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     results = run_report(args.out, settings, stages=args.stages.split(",") if args.stages else None,
                          progress=False if args.quiet else None, static=not args.no_static,
                          single_file=args.single_file)
+    if world()[0] != 0:  # torchrun: this rank's batches are in OUT/parts; rank 0 wrote the report
+        return 0
     print(f"report written to {args.out}/index.html in {time.time() - start:.0f} s")
     if args.single_file:
         print(f"single-file report (plotly.js inlined): {args.out}/report.html")

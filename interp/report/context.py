@@ -84,21 +84,67 @@ class Stage:
     reuse: bool = True  # False: recomputed every run (cheap stages that read files outside the settings)
 
 
+class MainRankOnly(Exception):
+    """Raised on ranks other than 0 where the rest of a stage is rank 0's alone (:meth:`ReportContext.main_only`)."""
+
+
 class ReportContext:
-    """Lazily loaded shared state: the model, examples, scores and quantized copies."""
+    """Lazily loaded shared state: the model, examples, scores and quantized copies.
+
+    Under ``torchrun`` every rank runs every stage, in order, through its batched steps
+    (:attr:`shards`, every rank gets the gathered result); from :meth:`main_only` on, the stage's
+    remaining work (bootstrap intervals, figures, the steps that are not split into batches) is
+    rank 0's, and the other ranks go on to the next stage.
+    """
 
     def __init__(self, settings: ReportSettings, out: Path, progress: bool | None) -> None:
+        from interp.report.shards import Sharding
+        from interp.runtime.distributed import world
+
         self.settings = settings
         self.out = out
-        self.progress = progress
+        self.rank, _, self.world_size = world()
+        self.progress = progress if self.rank == 0 else False
         self.cache: dict[str, Any] = {}
+        self._main_only = False
+        self.shards = Sharding(out / "parts", {"report": settings.key()}, settings.batch_size,
+                               progress=self.progress, everywhere=True)
+
+    def begin_stage(self) -> None:
+        """A stage starts: every rank takes part in it until :meth:`main_only`."""
+        self._main_only = False
+
+    def main_only(self) -> None:
+        """The rest of this stage is rank 0's: the other ranks leave it (:class:`MainRankOnly`).
+
+        Every step that all ranks must take together (the batched steps, the scoring) comes before
+        this in a stage; one after it is refused, in one process too, so a stage that breaks the
+        rule fails in the tests instead of leaving rank 0 waiting for ranks that have moved on.
+        """
+        self._main_only = True
+        if self.rank != 0:
+            raise MainRankOnly
+
+    def collective(self, what: str) -> None:
+        """Before a step every rank takes: it must come before :meth:`main_only` in the stage."""
+        if self._main_only:
+            from interp.errors import InterpError
+
+            raise InterpError(f"report stage bug: {what} runs on every rank, so it must come before the stage's "
+                              "main_only() call.")
 
     @cached_property
     def model(self) -> Any:
-
+        from interp.runtime.distributed import local_device
 
         s = self.settings
-        return models.load_model(s.model, dtype=getattr(torch, s.dtype), device=s.device)
+        device = local_device(s.device) if s.device == "cuda" and self.world_size > 1 else s.device
+        return models.load_model(s.model, dtype=getattr(torch, s.dtype), device=device)
+
+    def batched(self, what: str) -> Any:
+        """:attr:`shards`, the stage's batched steps (:class:`interp.report.shards.Sharding`), for ``what``."""
+        self.collective(what)
+        return self.shards
 
     @cached_property
     def examples(self) -> Any:

@@ -40,10 +40,11 @@ from interp import validate
 from interp.errors import InterpError
 from interp.figures import export_static
 from interp.io import atomic_write_bytes, ensure_writable_dir, write_json
-from interp.report.context import ReportContext, ReportSettings, Stage, StageOutput
+from interp.report.context import MainRankOnly, ReportContext, ReportSettings, Stage, StageOutput
 from interp.report.html import _versions, render_html
 from interp.report.stages import STAGES
 from interp.report.stages.reproduction_table import reproduction_table
+from interp.runtime.distributed import local_device, process_group
 
 # ---------------------------------------------------------------------------------------
 # Stage persistence
@@ -106,25 +107,13 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
     if stages is not None:  # before any folder is made: a misspelt stage must not give an empty report
         stages = validate.names(stages, "stages", valid=[s.name for s in STAGES], error=InterpError)
     folder = ensure_writable_dir(out)
-    key = settings.key()
-    context = ReportContext(settings, folder, progress)
     chosen = [s for s in STAGES if stages is None or s.name in stages]
-    outputs: dict[str, StageOutput] = {}
-    began = time.time()
-    bar = tqdm(chosen, desc="report", unit="stage", disable=progress is False)
-    for stage in bar:
-        bar.set_postfix_str(stage.name)
-        stage_dir = folder / "stages" / stage.name
-        cached = load_stage(stage_dir, key) if stage.reuse else None
-        if cached is not None:
-            outputs[stage.name] = cached
-            continue
-        tick = time.time()
-        output = stage.run(context)
-        output.seconds = time.time() - tick
-        save_stage(stage_dir, output, key)
-        outputs[stage.name] = output
-    total = time.time() - began
+    device = local_device(settings.device) if settings.device == "cuda" else settings.device
+    with process_group(device) as dist:  # torchrun: every rank runs the batched steps (_run_stages)
+        context = ReportContext(settings, folder, progress)
+        outputs, total = _run_stages(context, chosen, dist)
+    if context.rank != 0:  # torchrun: rank 0 writes every file
+        return {}
     reproduction = reproduction_table(outputs, settings)
     versions = _versions()
     reference = context.reference_description
@@ -138,6 +127,41 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
     }
     write_json(folder / "results.json", results)
     return results
+
+
+def _run_stages(context: ReportContext, chosen: list[Stage], dist: Any) -> tuple[dict[str, StageOutput], float]:
+    """Each chosen stage, loaded from its folder when a previous run finished it, else run and saved.
+
+    Under torchrun (``dist`` a process group) every rank runs each stage up to its ``main_only()``
+    call (its batched steps and the scoring, which all ranks share), rank 0 alone the rest; rank 0
+    decides which stages are already done and tells the others, so all ranks run the same stages.
+    """
+    key = context.settings.key()
+    outputs: dict[str, StageOutput] = {}
+    began = time.time()
+    bar = tqdm(chosen, desc="report", unit="stage", disable=context.progress is False)
+    for stage in bar:
+        bar.set_postfix_str(stage.name)
+        stage_dir = context.out / "stages" / stage.name
+        cached = load_stage(stage_dir, key) if stage.reuse and context.rank == 0 else None
+        if dist is not None:
+            done = [cached is not None]
+            dist.broadcast_object_list(done, src=0)
+            if done[0] and context.rank != 0:
+                continue
+        if cached is not None:
+            outputs[stage.name] = cached
+            continue
+        tick = time.time()
+        context.begin_stage()
+        try:
+            output = stage.run(context)
+        except MainRankOnly:  # a rank other than 0: the rest of this stage is rank 0's
+            continue
+        output.seconds = time.time() - tick
+        save_stage(stage_dir, output, key)
+        outputs[stage.name] = output
+    return outputs, time.time() - began
 
 
 def _write_outputs(folder: Path, settings: ReportSettings, stages: list[Stage], outputs: dict[str, StageOutput],

@@ -263,6 +263,7 @@ def map_batches(
     settings: Mapping[str, Any] | None = None,
     progress: bool | None = None,
     desc: str = "batches",
+    everywhere: bool = False,
 ) -> Gathered | None:
     """Run ``compute`` on each batch of ``examples`` (this rank's share of them) and gather the results.
 
@@ -279,10 +280,13 @@ def map_batches(
             ``batch_size`` are added.
         progress: a bar on rank 0.
         desc: the bar's label.
+        everywhere: every rank reads the finished batches back and gets the :class:`Gathered`
+            (for callers whose ranks all go on with the result, such as the report's stages);
+            by default only rank 0 does.
 
     Returns:
-        On rank 0 a :class:`Gathered` (``None`` on the other ranks). Without torchrun it is the
-        whole run in this process.
+        On rank 0 (on every rank with ``everywhere``) a :class:`Gathered`, ``None`` on the other
+        ranks. Without torchrun it is the whole run in this process.
     """
     rank, _, size = world()
     if parts is None and size > 1:
@@ -317,7 +321,7 @@ def map_batches(
         finally:
             bar.close()
         _agree(dist, failed=False)  # every batch is on disk (or some rank failed: then all stop)
-        if rank != 0:
+        if rank != 0 and not everywhere:
             return None
         loaded = [held[(s, e)] if folder is None else _load_part(folder / part_name(s, e)) for s, e in grid]
     names = list(loaded[0][0])

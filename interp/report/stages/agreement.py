@@ -34,6 +34,7 @@ def _token_errors(ctx: ReportContext, errors: pd.DataFrame) -> dict[str, np.ndar
 
 def stage_agreement(ctx: ReportContext) -> StageOutput:
     errors = method_errors(ctx)
+    ctx.main_only()
     seed = ctx.settings.seed
     result = agreement(errors, n_boot=500, seed=seed)
     specs = list(errors.columns)

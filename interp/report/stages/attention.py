@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from interp.attention.analysis import analyze, capture_patterns
+from interp.attention.analysis import capture_patterns
 from interp.figures.attention import attention_map, metric_by_layer, metric_heatmap
 from interp.report.context import ReportContext, Stage, StageOutput
 from interp.report.reproduction import Measurement
@@ -12,7 +12,8 @@ from interp.report.stages.common import record_claims
 def stage_attention(ctx: ReportContext) -> StageOutput:
     s = ctx.settings
     subset = ctx.examples.subset(range(min(s.attention_n, len(ctx.examples))))
-    result = analyze(ctx.model, subset, saobp_beta=s.saobp_beta, batch_size=s.batch_size, progress=ctx.progress)
+    result = ctx.batched("attention").attention(ctx.model, subset, s.saobp_beta, None, stage="attention")
+    ctx.main_only()
     by_layer = result.by_layer()
     out = StageOutput(tables={"by_layer": by_layer.round(5)})
     for metric in ("entropy", "gtd", "sink_share"):

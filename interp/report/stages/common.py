@@ -5,6 +5,7 @@ split, and the one way a stage hands in its measurements for the reproduction ta
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -28,13 +29,34 @@ def setup(ctx: ReportContext) -> ErrorSplit:
     quantized SmolLM2 copy is ~0.5 GB in float32).
     """
     if "setup" not in ctx.cache:
+        ctx.collective("scoring")
         s = ctx.settings
         needs_cal = any(parse_spec(m).needs_calibration for m in s.methods)
-        ctx.cache["setup"] = error_split(
-            ctx.model, list(s.methods), ctx.examples, store=ctx.out / "scores.sqlite",
-            calibration=ctx.calibration if needs_cal else None, split_on=patched_spec(ctx),
-            cache_dir=cache_dir() / "quantized", seed=s.seed, batch_size=s.batch_size, progress=ctx.progress)
+        store, cache = ctx.out / "scores.sqlite", cache_dir() / "quantized"
+        common: dict[str, Any] = dict(calibration=ctx.calibration if needs_cal else None, split_on=patched_spec(ctx),
+                                      cache_dir=cache, seed=s.seed, batch_size=s.batch_size, progress=ctx.progress)
+        if ctx.world_size > 1:  # torchrun: each rank scores its batches; every rank reads the merged store
+            errors = _scored_over_ranks(ctx, store, cache)
+            ctx.cache["setup"] = error_split(ctx.model, list(s.methods), ctx.examples, errors=errors, **common)
+        else:
+            ctx.cache["setup"] = error_split(ctx.model, list(s.methods), ctx.examples, store=store, **common)
     return ctx.cache["setup"]
+
+
+def _scored_over_ranks(ctx: ReportContext, store: Path, cache: Path) -> pd.DataFrame:
+    """Every method's per-example errors, scored by :func:`interp.quant.distributed.score_distributed`
+    (whole batches per rank, merged into ``store`` by rank 0), read back by every rank."""
+    from interp.quant.apply import model_hash
+    from interp.quant.distributed import score_distributed
+    from interp.quant.store import ScoreStore
+
+    s = ctx.settings
+    needs_cal = any(parse_spec(m).needs_calibration for m in s.methods)
+    score_distributed(ctx.model, list(s.methods), ctx.examples, store, cache_dir=cache, batch_size=s.batch_size,
+                      calibration=ctx.calibration if needs_cal else None, progress=ctx.progress)
+    with ScoreStore(store) as scores:  # score_distributed returns on every rank after rank 0's merge
+        return scores.errors_frame(model_hash(ctx.model), [str(parse_spec(m)) for m in s.methods],
+                                   ctx.examples.ids, complete=False)
 
 
 def quantized_model(ctx: ReportContext, spec: str) -> Any:

@@ -10,7 +10,7 @@ import pandas as pd
 
 from interp.errors import InterpError
 from interp.figures import draw
-from interp.localize.lens import EarlyExitCurves, early_exit_curves
+from interp.localize.lens import EarlyExitCurves
 from interp.localize.tuned_lens import tuned_early_exit, tuned_lens_cached
 from interp.models import cache_dir
 from interp.quant import protocol as pr
@@ -56,7 +56,8 @@ def stage_early_exit(ctx: ReportContext) -> StageOutput:
     models = {"reference": ctx.model, "quantized": quantized_model(ctx, spec)}
     sets = {"D_large": split.large, "D_ctrl": split.ctrl}
     bs = ctx.settings.batch_size
-    logit = early_exit_curves(models, sets, at="resid_post", batch_size=bs, progress=ctx.progress)
+    logit = ctx.batched("early exit").early_exit(models, sets, at="resid_post", stage="early_exit")
+    ctx.main_only()  # the tuned lens (its fit and its curves) is not split into batches: rank 0's
     n_layers = ctx.model.info.n_layers
     vocab = int(ctx.model.cfg.d_vocab)
     seed = ctx.settings.seed

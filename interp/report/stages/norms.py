@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 
 from interp import figures, stats
-from interp.probes import probe
 from interp.quant import protocol as pr
 from interp.quant.analysis import reversal
 from interp.quant.protocol import estimate
@@ -28,8 +27,9 @@ from interp.stats import Estimate
 
 def _norm_probe(ctx: ReportContext) -> Any:
     if "norm_probe" not in ctx.cache:
-        ctx.cache["norm_probe"] = probe(ctx.model, ctx.examples, ["resid_mid", "resid_post"], ["norm"],
-                                        batch_size=ctx.settings.batch_size, exclude_bos=True, progress=ctx.progress)
+        ctx.cache["norm_probe"] = ctx.batched("norm probe").probe(
+            ctx.model, ctx.examples, stage="norms", components=["resid_mid", "resid_post"], reducers=["norm"],
+            exclude_bos=True)
     return ctx.cache["norm_probe"]
 
 
@@ -81,6 +81,8 @@ def stage_norms(ctx: ReportContext) -> StageOutput:
     errors = method_errors(ctx)
     split = d_large_split(ctx)
     seed = ctx.settings.seed
+    _norm_probe(ctx)
+    ctx.main_only()  # the reversal analysis (on D_large and D_ctrl) is not split into batches: rank 0's
     per_method = _per_method_norm_table(ctx, errors)
     spec = patched_spec(ctx)
     rev = reversal(ctx.model, {spec: quantized_model(ctx, spec)}, split.large, split.ctrl,

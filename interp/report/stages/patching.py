@@ -18,12 +18,16 @@ def stage_patching(ctx: ReportContext) -> StageOutput:
     spec = patched_spec(ctx)
     quantized = quantized_model(ctx, spec)
     bs, seed = ctx.settings.batch_size, ctx.settings.seed
-    table_result = patching_table(ctx.model, quantized, split.large, batch_size=bs, progress=ctx.progress)
-    gate = gate_input_vs_gate_weights(ctx.model, quantized, split.large, batch_size=bs, progress=ctx.progress)
+    shards = ctx.batched("patching")
+    table_result = shards.patch("patching/table", lambda sub: patching_table(
+        ctx.model, quantized, sub, batch_size=bs, progress=False), quantized, split.large)
+    gate = shards.gate_input(lambda sub: gate_input_vs_gate_weights(
+        ctx.model, quantized, sub, batch_size=bs, progress=False), quantized, split.large, stage="patching/gate_input")
     # one layer at a time over the upper half, where the paper's table patches (`interp patch
     # --experiments sweep --layers all` covers every layer)
-    sweep = layer_sweep(ctx.model, quantized, split.large, layers="upper_half", batch_size=bs,
-                        progress=ctx.progress)
+    sweep = shards.patch("patching/sweep", lambda sub: layer_sweep(
+        ctx.model, quantized, sub, layers="upper_half", batch_size=bs, progress=False), quantized, split.large)
+    ctx.main_only()
     values = table_result.values.double().numpy()
     patched = {p.component: values[i] for i, p in enumerate(table_result.patches)}
     boot = pr.recovery_boot(table_result.target.double().numpy(), table_result.source.double().numpy(), patched,

@@ -28,6 +28,7 @@ def validation_folder() -> Path:
 
 
 def stage_prescribe(ctx: ReportContext) -> StageOutput:
+    ctx.main_only()  # reads the committed validation run
     folder = validation_folder()
     out = StageOutput()
     if ctx.settings.model != MEASURED_MODEL or not (folder / "validation.csv").is_file():

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from interp.figures.probes import probe_norms
-from interp.probes import probe
 from interp.report.context import ReportContext, Stage, StageOutput
 
 
 def stage_probes(ctx: ReportContext) -> StageOutput:
     components = ["resid_mid", "resid_post", "h", "gate"]
-    result = probe(ctx.model, ctx.examples, components, ["norm", "kurtosis"], batch_size=ctx.settings.batch_size,
-                   progress=ctx.progress)
+    result = ctx.batched("probes").probe(ctx.model, ctx.examples, stage="probes", components=components,
+                                         reducers=["norm", "kurtosis"])
+    ctx.main_only()
     summary = result.summary().reset_index()
     out = StageOutput(tables={"by_layer": summary})
     out.figures["norms"] = probe_norms(result, components, "norm")

@@ -19,6 +19,7 @@ from interp.runtime.scoring import perplexity
 
 def stage_quantization(ctx: ReportContext) -> StageOutput:
     errors = method_errors(ctx)
+    ctx.main_only()
     with ScoreStore(ctx.out / "scores.sqlite") as store:
         nll = store.nll_frame().reindex(errors.index)
     ref = torch.tensor(nll["reference"].to_numpy())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from interp.figures import draw
-from interp.localize.restoration import restoration_sweep
 from interp.quant import protocol as pr
 from interp.report.context import ReportContext, Stage, StageOutput
 from interp.report.reproduction import Measurement
@@ -15,9 +14,10 @@ def stage_restoration(ctx: ReportContext) -> StageOutput:
     spec = patched_spec(ctx)
     n_layers = ctx.model.info.n_layers
     k_paper = max(1, round(n_layers * 7 / 40))  # the paper restored 7 of 40 layers
-    ks = sorted({0, 1, 2, 4, k_paper, n_layers // 4, n_layers // 2, n_layers})
-    result = restoration_sweep(quantized_model(ctx, spec), ctx.model, split.large, ks=ks,
-                               batch_size=ctx.settings.batch_size, progress=ctx.progress)
+    ks = sorted(k for k in {0, 1, 2, 4, k_paper, n_layers // 4, n_layers // 2, n_layers} if k <= n_layers)
+    result = ctx.batched("restoration").restoration(quantized_model(ctx, spec), ctx.model, split.large, ks,
+                                                    stage="restoration")
+    ctx.main_only()
     nll = result.nll.double().numpy()
     boot = pr.recovery_boot(nll[ks.index(0)], result.reference_nll.double().numpy(),
                             {f"k={k}": nll[i] for i, k in enumerate(ks)}, n_boot=N_BOOT, seed=ctx.settings.seed)

@@ -84,6 +84,7 @@ def training_measurements(table: pd.DataFrame, folder: Any) -> dict[str, Measure
 
 
 def stage_saobp_training(ctx: ReportContext) -> StageOutput:
+    ctx.main_only()  # reads the committed training logs
     folder = saobp_log_folder(ctx.settings.saobp_logs)
     table = saobp_seed_table(folder)
     out = StageOutput(tables={"per_seed": table})
