@@ -1,4 +1,4 @@
-"""Peak memory of ``interp score``, ``interp quantize`` and ``interp patch`` against computing the NLL alone.
+"""Peak memory of ``interp score``, ``quantize``, ``patch`` and ``lens`` against computing the NLL alone.
 
 Each measured command runs in a child process of its own (a fresh interpreter, one torch
 thread); its peak resident set size is the kernel's ``ru_maxrss`` for that child, read with
@@ -90,6 +90,9 @@ def measure(code: Path, model: str, n: int, seq_len: int, runs_wanted: list[str]
             # puts the quantized weights in the cache, so what the patching holds beyond them is measured
             "patch": ["-m", "interp", "patch", *data, "--batch-size", "8", "--method", PATCH_SPEC, "--top", "0.5",
                       "--experiments", "table", "--out", f"{tmp}/patch"],
+            # early exit of both models on D_large and D_ctrl, and the restoration sweep on D_large
+            "lens": ["-m", "interp", "lens", *data, "--batch-size", "8", "--method", PATCH_SPEC, "--top", "0.5",
+                     "--out", f"{tmp}/lens"],
         }
         runs = {"nll": _child(code, ["-c", NLL_CHILD, model, str(n), str(seq_len)])}
         runs.update({name: _child(code, commands[name]) for name in runs_wanted})
@@ -134,7 +137,8 @@ def main() -> None:
     parser.add_argument("--runs", default=None,
                         help="commands to measure beside nll, comma-separated: score, quantize, quantize-offloaded "
                              "(every block on disk: needs a checkout with --device-map), patch (the patching table "
-                             "of interp patch on D_large, 4 of the examples); default score,quantize "
+                             "of interp patch on D_large, 4 of the examples), lens (early exit and restoration, same "
+                             "split); default score,quantize "
                              "(score with --quick)")
     parser.add_argument("--n-layers", type=int, default=30, help="blocks of --model, for the offload map")
     benchjson.add_options(parser, "memory")

@@ -129,6 +129,25 @@ def test_restoration_sweep_in_place_holds_one_copy(model, rows, tmp_path, no_dee
     assert sweep.table()["restored"].tolist() == ["", "1", "0-1"]
 
 
+def test_restoration_in_place_equals_the_two_copy_sweep(model, rows, tmp_path):
+    """Any order of restoration (here bottom-up, so each set adds a lower block), one stash shared by
+    two calls: the same values as restoring blocks of a quantized copy, bit for bit."""
+    from interp.localize.restoration import restoration_sweep
+    from interp.quant.apply import quantize_cached
+
+    before = _state(model)
+    with WeightStash(model, tmp_path) as stash:
+        folder = cached_variant(model, "rtn:bits=3,group=32", stash=stash, cache_dir=tmp_path, progress=False)
+        weights = SavedWeights(folder, model)
+        quantized = quantize_cached(model, "rtn:bits=3,group=32", cache_dir=tmp_path, progress=False)
+        for order in (None, [0, 1]):
+            one = restoration_sweep(weights, model, rows, order=order, batch_size=3, stash=stash)
+            two = restoration_sweep(quantized, model, rows, order=order, batch_size=3)
+            assert torch.equal(one.nll, two.nll) and torch.equal(one.reference_nll, two.reference_nll), order
+            assert _same(model, before)
+        assert float((one.nll[0] - one.nll[-1]).abs().min()) > 0  # restoring changed every example
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", ["gptq:bits=3,group=64", "awq:bits=3,group=64"])

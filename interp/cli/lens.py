@@ -59,21 +59,10 @@ def _experiments(text: str) -> list[str]:
     return text.split(",")
 
 
-def prepare_pair(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
-    """Reference, quantized copy, eval examples and the D_large/D_ctrl split from CLI options.
-
-    Errors go through :func:`interp.quant.error_split` into a score store in ``--out/scores``,
-    so a killed run resumes where it stopped and a rerun scores nothing again; the quantized
-    model comes from the user cache, shared with the other commands and the report.
-    """
-    reference, setup, spec, examples = _error_setup(args)
-    return reference, setup.quantized(spec), examples, setup.split
-
-
 def saved_weights(setup: Any, spec: Any, stash: Any) -> Any:
     """One copy of the weights: ``spec``'s quantized block weights alone, as a
-    :class:`~interp.quant.inplace.SavedWeights` of the cache folder :func:`prepare_pair`'s copy is
-    loaded from (the same folder; quantized in place into ``stash`` first if it is missing). The
+    :class:`~interp.quant.inplace.SavedWeights` of the cache folder ``ErrorSplit.quantized`` loads
+    its copy from (the same folder; quantized in place into ``stash`` first if it is missing). The
     analyses swap them into the reference where a run needs them."""
     from interp.quant.inplace import SavedWeights, cached_variant
 
@@ -158,19 +147,26 @@ def cmd_lens(args: argparse.Namespace) -> int:
     from interp.figures import draw
     from interp.io import ensure_writable_dir
     from interp.runtime.distributed import process_group
+    from interp.runtime.swap import WeightStash
 
     experiments = _experiments(args.experiments)
     out = ensure_writable_dir(args.out)
     start = time.time()
+    # one copy of the weights: the quantized block weights (the cache folder) are swapped into the
+    # reference for the quantized model's early exit and for each restored set, the reference's own
+    # kept in one stash under --out meanwhile (written once, deleted at the end)
     with process_group(_group_device(args)):  # torchrun: whole batches per rank, merged on rank 0
-        reference, quantized, examples, split = prepare_pair(args)
+        reference, setup, spec, examples = _error_setup(args)
+        split = setup.split
         curves = restored = None
-        if "early-exit" in experiments:
-            curves = shard.sharded_early_exit(args, {"reference": reference, "quantized": quantized},
-                                              {"D_large": split.large, "D_ctrl": split.ctrl})
-        if "restoration" in experiments:
-            restored = shard.sharded_restoration(args, quantized, reference, split.large,
-                                                 parse_ints(args.ks) if args.ks else None)
+        with WeightStash(reference, out) as stash:
+            weights = saved_weights(setup, spec, stash)
+            if "early-exit" in experiments:
+                curves = _early_exit_one_copy(args, reference, weights, {"D_large": split.large, "D_ctrl": split.ctrl},
+                                              stash)
+            if "restoration" in experiments:
+                restored = shard.sharded_restoration(args, weights, reference, split.large,
+                                                     parse_ints(args.ks) if args.ks else None, stash=stash)
     if not shard.is_main():  # a rank other than 0: its batches are in --out/parts
         return 0
     if curves is not None:
@@ -184,6 +180,24 @@ def cmd_lens(args: argparse.Namespace) -> int:
     print(f"\nD_large {len(split.large)} / D_ctrl {len(split.ctrl)} of {len(examples)} examples, "
           f"{time.time() - start:.0f} s. Saved to {out}/")
     return 0
+
+
+def _early_exit_one_copy(args: argparse.Namespace, reference: Any, weights: Any, sets: dict[str, Any],
+                         stash: Any) -> Any:
+    """Early exit of the reference, then of the quantized model as the reference carrying ``weights``
+    (all blocks swapped in, :func:`interp.runtime.swap.swapped`), over the batches; ``None`` off rank 0.
+    The curves are those of :func:`~interp.localize.lens.early_exit_curves` on the two models."""
+    from interp.cli import shard
+    from interp.localize.lens import EarlyExitCurves
+    from interp.runtime.swap import swapped
+
+    ref = shard.sharded_early_exit(args, {"reference": reference}, sets)
+    with swapped(reference, weights, stash=stash):
+        quant = shard.sharded_early_exit(args, {"quantized": reference}, sets)
+    if ref is None or quant is None:
+        return None
+    return EarlyExitCurves(results={**ref.results, **quant.results}, models=["reference", "quantized"],
+                           sets=list(sets))
 
 
 # ---------------------------------------------------------------------------------------

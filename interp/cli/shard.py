@@ -55,9 +55,9 @@ def sharded_early_exit(args: argparse.Namespace, models: Mapping[str, Any], sets
 
 
 def sharded_restoration(args: argparse.Namespace, quantized: Any, reference: Any, examples: Examples,
-                        ks: list[int] | None) -> Any:
+                        ks: list[int] | None, stash: Any = None) -> Any:
     """:func:`interp.localize.restoration.restoration_sweep` over the batches."""
-    return sharding(args).restoration(quantized, reference, examples, ks)
+    return sharding(args).restoration(quantized, reference, examples, ks, stash=stash)
 
 
 def sharded_patch(args: argparse.Namespace, stage: str, run: Callable[[Examples], Any], model: Any,

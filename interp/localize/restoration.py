@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Sequence
@@ -50,7 +51,7 @@ from interp.runtime.capture import capture
 from interp.runtime.decoder import DecoderRunner
 from interp.runtime.readout import Readout
 from interp.runtime.scoring import nll
-from interp.runtime.swap import BlockWeights, WeightStash, is_block_weights, swapped
+from interp.runtime.swap import BlockWeights, WeightStash, is_block_weights, swapped, write_block
 from interp.typing import PerExample
 
 
@@ -231,6 +232,7 @@ def restoration_sweep(
     order: Sequence[int] | None = None,
     batch_size: int = 8,
     progress: bool | None = None,
+    stash: WeightStash | None = None,
 ) -> RestorationResult:
     """Perplexity with the reference weights restored in the top-k blocks, for each k.
 
@@ -246,6 +248,10 @@ def restoration_sweep(
         order: the order in which blocks are restored (default: from the top down).
         batch_size: examples per forward.
         progress: show a progress bar.
+        stash: with block weights as ``quantized``, the :class:`~interp.runtime.swap.WeightStash`
+            that keeps the reference's own weights meanwhile. Give one to share it across calls
+            (batches run one call each write every block to disk once, not once per call); by
+            default each call makes its own in the system's temporary folder.
 
     Returns:
         A :class:`RestorationResult`; ``result.nll[i]`` equals
@@ -263,7 +269,8 @@ def restoration_sweep(
         raise InterpError(f"ks must lie in 0..{len(order)}; got {ks}.")
     restored = [sorted(order[:k]) for k in ks]
     if in_place:
-        values, reference_nll = _restored_nll_in_place(quantized, reference, examples, restored, batch_size, progress)
+        values, reference_nll = _restored_nll_in_place(quantized, reference, examples, restored, batch_size, progress,
+                                                       stash)
     else:
         values, reference_nll = restored_nll(quantized, reference, examples, restored, batch_size, progress)
     settings = {"order": order, "batch_size": batch_size, "examples": dict(examples.settings)}
@@ -273,17 +280,70 @@ def restoration_sweep(
 
 def _restored_nll_in_place(quantized: BlockWeights, reference: Model, examples: Examples,
                            restored: Sequence[Sequence[int]], batch_size: int, progress: bool | None,
-                           ) -> tuple[Float[Tensor, "n_sets n_examples"], PerExample]:
-    """:func:`restored_nll` with one copy of the weights: for each set, the quantized weights go into
-    the blocks outside it (the set keeps the reference's) and the whole model runs; the reference after."""
+                           stash: WeightStash | None = None) -> tuple[Float[Tensor, "n_sets n_examples"], PerExample]:
+    """:func:`restored_nll` with one copy of the weights.
+
+    Per batch, the quantized weights go into every block and the residuals entering the lowest
+    restored blocks are captured, as :func:`restored_nll` captures them from the quantized model;
+    then for each set the reference's weights go back into its blocks (from the stash; only the
+    blocks whose variant changes since the previous set are written) and the blocks from the
+    set's lowest one up run on the cached residual. The same forwards on the same bits as the
+    two-model path, so the same values; the reference runs last, with its own weights back.
+    Architectures the decoder runner does not cover run each set as a full forward instead.
+    """
     check_context(reference, examples.tokens)
+    with contextlib.ExitStack() as scope:
+        kept = stash if stash is not None else scope.enter_context(WeightStash(reference))
+        runner = DecoderRunner.for_model(reference)
+        if runner is None:
+            return _restored_nll_full_forwards(quantized, reference, examples, restored, batch_size, progress, kept)
+        readout, n = Readout(reference), hk.n_layers(reference)
+        starts = sorted({min(s) for s in restored if s})
+        out = torch.empty(len(restored), len(examples), dtype=torch.float64)
+        reference_out = torch.empty(len(examples), dtype=torch.float64)
+        device = device_of(reference)
+        bar = tqdm(total=len(examples), desc="restoration", unit="ex", disable=not show_progress(progress))
+        with torch.no_grad():
+            for start, end in batches(len(examples), batch_size):
+                tokens = examples.tokens[start:end].to(device)
+                with swapped(reference, quantized, stash=kept):
+                    holds = ["quantized"] * n  # which variant each block carries now
+                    checks = [(c, layer) for layer in runner.check_layers() for c in ("resid_pre", "resid_post")]
+                    keys = [("resid_pre", s) for s in starts] + (checks if start == 0 else [])
+                    cache, final = capture(reference, tokens, keys)
+                    if start == 0 and not runner.verify(cache):
+                        raise InterpError("Running decoder layers from a cached residual did not reproduce this "
+                                          "model's forward; use restore_layers() and interp.nll() instead.")
+                    for i, layers in enumerate(restored):
+                        if not layers:
+                            out[i, start:end] = readout.mean_nll(final, tokens).cpu()
+                            continue
+                        chosen, low = set(layers), min(layers)
+                        for j in range(low, n):
+                            want = "reference" if j in chosen else "quantized"
+                            if holds[j] != want:
+                                write_block(reference, j, kept.block(j) if want == "reference" else quantized.block(j))
+                                holds[j] = want
+                        final_i = runner.run(cache[("resid_pre", low)], low)
+                        out[i, start:end] = readout.mean_nll(final_i, tokens).cpu()
+                _, reference_final = capture(reference, tokens, [])
+                reference_out[start:end] = readout.mean_nll(reference_final, tokens).cpu()
+                bar.update(end - start)
+        bar.close()
+    return out, reference_out
+
+
+def _restored_nll_full_forwards(quantized: BlockWeights, reference: Model, examples: Examples,
+                                restored: Sequence[Sequence[int]], batch_size: int, progress: bool | None,
+                                stash: WeightStash) -> tuple[Float[Tensor, "n_sets n_examples"], PerExample]:
+    """One copy, without the decoder runner: for each set, the quantized weights go into the blocks
+    outside it (the set keeps the reference's) and the whole model runs; the reference after."""
     n = hk.n_layers(reference)
     out = torch.empty(len(restored), len(examples), dtype=torch.float64)
-    with WeightStash(reference) as stash:
-        for i, layers in enumerate(restored):
-            kept = set(layers)
-            with swapped(reference, quantized, layers=[j for j in range(n) if j not in kept], stash=stash):
-                out[i] = nll(reference, examples, batch_size, progress=progress)
+    for i, layers in enumerate(restored):
+        kept = set(layers)
+        with swapped(reference, quantized, layers=[j for j in range(n) if j not in kept], stash=stash):
+            out[i] = nll(reference, examples, batch_size, progress=progress)
     return out, nll(reference, examples, batch_size, progress=progress).double()
 
 

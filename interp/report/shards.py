@@ -205,13 +205,14 @@ class Sharding:
         return lens.EarlyExitCurves(results=results, models=list(models), sets=list(sets)) if self._mine() else None
 
     def restoration(self, quantized: Any, reference: Any, examples: Examples, ks: list[int] | None,
-                    stage: str = "restoration") -> Any:
-        """:func:`interp.localize.restoration.restoration_sweep` over the batches."""
+                    stage: str = "restoration", stash: Any = None) -> Any:
+        """:func:`interp.localize.restoration.restoration_sweep` over the batches (``stash``: the one
+        :class:`~interp.runtime.swap.WeightStash` every batch shares when ``quantized`` is block weights)."""
         from interp.localize import restoration
 
         def compute(sub: Examples) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
             r = restoration.restoration_sweep(quantized, reference, sub, ks=ks, batch_size=self.batch_size,
-                                              progress=False)
+                                              progress=False, stash=stash)
             return ({"nll": r.nll.movedim(1, 0), "reference_nll": r.reference_nll},
                     {"ks": r.ks, "restored": r.restored, "settings": r.settings})
 
