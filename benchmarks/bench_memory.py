@@ -1,4 +1,4 @@
-"""Peak memory of ``interp score``, ``quantize``, ``patch`` and ``lens`` against computing the NLL alone.
+"""Peak memory of ``interp score``, ``quantize``, ``patch``, ``lens`` and ``report`` against the NLL alone.
 
 Each measured command runs in a child process of its own (a fresh interpreter, one torch
 thread); its peak resident set size is the kernel's ``ru_maxrss`` for that child, read with
@@ -93,6 +93,9 @@ def measure(code: Path, model: str, n: int, seq_len: int, runs_wanted: list[str]
             # early exit of both models on D_large and D_ctrl, and the restoration sweep on D_large
             "lens": ["-m", "interp", "lens", *data, "--batch-size", "8", "--method", PATCH_SPEC, "--top", "0.5",
                      "--out", f"{tmp}/lens"],
+            # the quick report's stages that hold a quantized model (its own quick settings: 20 x 32 tokens)
+            "report": ["-m", "interp", "report", "--model", model, "--quick", "--no-static", "--quiet", "--stages",
+                       "norms,early_exit,restoration,patching", "--out", f"{tmp}/report"],
         }
         runs = {"nll": _child(code, ["-c", NLL_CHILD, model, str(n), str(seq_len)])}
         runs.update({name: _child(code, commands[name]) for name in runs_wanted})
@@ -138,7 +141,8 @@ def main() -> None:
                         help="commands to measure beside nll, comma-separated: score, quantize, quantize-offloaded "
                              "(every block on disk: needs a checkout with --device-map), patch (the patching table "
                              "of interp patch on D_large, 4 of the examples), lens (early exit and restoration, same "
-                             "split); default score,quantize "
+                             "split), report (the quick report's norms, early exit, restoration and patching "
+                             "stages); default score,quantize "
                              "(score with --quick)")
     parser.add_argument("--n-layers", type=int, default=30, help="blocks of --model, for the offload map")
     benchjson.add_options(parser, "memory")

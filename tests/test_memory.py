@@ -168,3 +168,24 @@ def test_bundled_model_layers_quantize_in_place_to_quantize_s_weights(smol, wiki
         got, want = _linear(one_block, 0), _linear(expected, 0)
         assert all(torch.equal(got[r], want[r]) for r in want), spec
     assert _same(one_block, before)
+
+
+def test_reversal_with_the_weights_alone_equals_the_copy(model, rows, tmp_path):
+    """One copy: the quantized model's MLP outputs come from the reference carrying its weights."""
+    import numpy as np
+    import pandas as pd
+
+    from interp.quant.analysis import reversal, split_large_ctrl
+
+    before = _state(model)
+    with WeightStash(model, tmp_path) as stash:
+        folder = cached_variant(model, "rtn:bits=3,group=32", stash=stash, cache_dir=tmp_path, progress=False)
+    split = split_large_ctrl(pd.Series(np.linspace(0, 1, len(rows)), index=rows.ids), rows, top=0.34)
+    one = reversal(model, {"rtn3": SavedWeights(folder, model)}, split.large, split.ctrl, batch_size=2, n_boot=20,
+                   progress=False)
+    assert _same(model, before)
+    quantized = qa.quantize_cached(model, "rtn:bits=3,group=32", cache_dir=tmp_path, progress=False)  # the copy
+    two = reversal(model, {"rtn3": quantized}, split.large, split.ctrl, batch_size=2, n_boot=20, progress=False)
+    pd.testing.assert_frame_equal(one.mse, two.mse, check_exact=True)
+    pd.testing.assert_frame_equal(one.per_example, two.per_example, check_exact=True)
+    assert float(one.mse["mse_large"].min()) > 0  # the quantized weights were really in place

@@ -9,7 +9,7 @@ highest-error examples, deduplicated) and D_ctrl with
   top-k layer restoration curve on D_large;
 - ``interp patch`` runs the paper's patching table (upper half, all positions), gate input
   against gate weights, and optionally the per-layer sweep, with one copy of the weights: the
-  quantized block weights (the cache folder, :func:`saved_weights`) are swapped into the
+  quantized block weights (the cache folder, ``ErrorSplit.weights``) are swapped into the
   reference per batch instead of loading the copy (``attribution`` alone still loads it).
 
 Every experiment writes ``<name>.csv`` and ``<name>.html`` into ``--out``, plus ``split.csv``
@@ -57,18 +57,6 @@ def _common(p: argparse.ArgumentParser, out: str) -> None:
 
 def _experiments(text: str) -> list[str]:
     return text.split(",")
-
-
-def saved_weights(setup: Any, spec: Any, stash: Any) -> Any:
-    """One copy of the weights: ``spec``'s quantized block weights alone, as a
-    :class:`~interp.quant.inplace.SavedWeights` of the cache folder ``ErrorSplit.quantized`` loads
-    its copy from (the same folder; quantized in place into ``stash`` first if it is missing). The
-    analyses swap them into the reference where a run needs them."""
-    from interp.quant.inplace import SavedWeights, cached_variant
-
-    folder = cached_variant(setup.reference, spec, setup.calibration, stash=stash, cache_dir=setup.cache_dir,
-                            progress=setup.progress, batch_size=setup.batch_size)
-    return SavedWeights(folder, setup.reference)
 
 
 def _error_setup(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
@@ -160,7 +148,7 @@ def cmd_lens(args: argparse.Namespace) -> int:
         split = setup.split
         curves = restored = None
         with WeightStash(reference, out) as stash:
-            weights = saved_weights(setup, spec, stash)
+            weights = setup.weights(spec, stash)
             if "early-exit" in experiments:
                 curves = _early_exit_one_copy(args, reference, weights, {"D_large": split.large, "D_ctrl": split.ctrl},
                                               stash)
@@ -253,7 +241,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
         reference, setup, spec, examples = _error_setup(args)
         split = setup.split
         with WeightStash(reference, out) as stash:
-            weights = saved_weights(setup, spec, stash)
+            weights = setup.weights(spec, stash)
             results = _patch_experiments(args, experiments, reference, weights, split.large, stash,
                                          lambda: setup.quantized(spec))
     if results is None:  # a rank other than 0: its batches are in --out/parts

@@ -141,6 +141,19 @@ class ReportContext:
         device = local_device(s.device) if s.device == "cuda" and self.world_size > 1 else s.device
         return models.load_model(s.model, dtype=getattr(torch, s.dtype), device=device)
 
+    @cached_property
+    def stash(self) -> Any:
+        """The reference's block weights on disk while a quantized variant is swapped into it
+        (:class:`interp.runtime.swap.WeightStash`, one per run under ``out``; :meth:`close` deletes it)."""
+        from interp.runtime.swap import WeightStash
+
+        return WeightStash(self.model, self.out)
+
+    def close(self) -> None:
+        """Delete the stash, if one was made."""
+        if "stash" in self.__dict__:
+            self.stash.close()
+
     def batched(self, what: str) -> Any:
         """:attr:`shards`, the stage's batched steps (:class:`interp.report.shards.Sharding`), for ``what``."""
         self.collective(what)

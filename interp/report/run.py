@@ -111,7 +111,10 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
     device = local_device(settings.device) if settings.device == "cuda" else settings.device
     with process_group(device) as dist:  # torchrun: every rank runs the batched steps (_run_stages)
         context = ReportContext(settings, folder, progress)
-        outputs, total = _run_stages(context, chosen, dist)
+        try:
+            outputs, total = _run_stages(context, chosen, dist)
+        finally:
+            context.close()
     if context.rank != 0:  # torchrun: rank 0 writes every file
         return {}
     reproduction = reproduction_table(outputs, settings)

@@ -24,6 +24,7 @@ from interp.quant.analysis.split import SplitResult, split_large_ctrl
 from interp.quant.apply import cached_quant_info, quantize_cached
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.quant.store import ScoreStore, score
+from interp.runtime.swap import WeightStash
 
 
 @dataclass
@@ -59,6 +60,17 @@ class ErrorSplit:
             if info is not None:
                 return info
         return self.quantized(name).quant_info
+
+    def weights(self, spec: str | MethodSpec, stash: WeightStash) -> Any:
+        """One copy of the weights: ``spec``'s quantized block weights alone, as a
+        :class:`~interp.quant.inplace.SavedWeights` of the cache folder :meth:`quantized` loads its
+        copy from (quantized in place into ``stash`` first if it is missing). The analyses that take
+        them swap them into the reference where a run needs them."""
+        from interp.quant.inplace import SavedWeights, cached_variant
+
+        folder = cached_variant(self.reference, spec, self.calibration, stash=stash, cache_dir=self.cache_dir,
+                                progress=self.progress, batch_size=self.batch_size)
+        return SavedWeights(folder, self.reference)
 
     def quantized(self, spec: str | MethodSpec) -> Any:
         """The quantized copy for ``spec``: loaded from the cache (quantized there first if absent), kept."""

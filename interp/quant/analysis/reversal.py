@@ -10,6 +10,7 @@ examples whose energy sits in the low-gamma outlier dims get a small ``||h||``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from interp.models import Model
 from interp.probes import REDUCERS
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, show_progress
+from interp.runtime.swap import WeightStash, is_block_weights, swapped
 
 
 class _Stop(Exception):
@@ -129,7 +131,7 @@ def _capture_pass(model: Model, tokens: torch.Tensor, layers: list[int], compone
 
 
 def _reversal_batch(reference: Model, quantized: Mapping[str, Any], tokens: torch.Tensor,
-                    layers: list[int]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+                    layers: list[int], stash: WeightStash | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Per-example stats ``[layers, B]`` for one batch, and the mean |r| per dim ``[layers, B, D]``."""
     ref = _capture_pass(reference, tokens, layers, ("resid_mid", "h", "down"))
     out: dict[str, list[np.ndarray]] = {"r_norm": [], "h_norm": [], "kurtosis": []}
@@ -142,7 +144,11 @@ def _reversal_batch(reference: Model, quantized: Mapping[str, Any], tokens: torc
         out["kurtosis"].append(REDUCERS["kurtosis"](r).numpy())
         abs_dims.append(REDUCERS["abs_mean_dims"](r).numpy())
     for spec, qmodel in quantized.items():
-        q = _capture_pass(qmodel, tokens, layers, ("down",))
+        if is_block_weights(qmodel):  # one copy: the quantized weights in the reference for this pass
+            with swapped(reference, qmodel, stash=stash):
+                q = _capture_pass(reference, tokens, layers, ("down",))
+        else:
+            q = _capture_pass(qmodel, tokens, layers, ("down",))
         for layer in layers:
             diff = (q["down", layer] - ref["down", layer])[:, 1:]  # BOS excluded
             out[f"mse[{spec}]"].append(diff.pow(2).mean(dim=(1, 2)).double().numpy())
@@ -160,15 +166,20 @@ def reversal(
     seed: int = 0,
     n_outliers: int = 5,
     progress: bool | None = None,
+    stash: WeightStash | None = None,
 ) -> ReversalResult:
     """Residual vs MLP-input norms, MLP output error, kurtosis and outlier dims, D_large vs D_ctrl.
 
     Args:
         reference: the full-precision model.
-        quantized_models: spec -> quantized model (each run on its own activations).
+        quantized_models: spec -> quantized model (each run on its own activations), or its block
+            weights alone (:class:`~interp.quant.inplace.SavedWeights`): then they are swapped into
+            ``reference`` for that model's pass of each batch, and no second copy is held.
         d_large, d_ctrl: the two example sets (see :func:`~interp.quant.analysis.split.split_large_ctrl`).
         layers: layers to measure (default all).
         n_outliers: outlier dimensions reported per layer.
+        stash: with block weights, the :class:`~interp.runtime.swap.WeightStash` that keeps the
+            reference's own weights meanwhile (shared by every batch; default: one of its own).
 
     Example:
         >>> import numpy as np, pandas as pd, torch
@@ -189,14 +200,17 @@ def reversal(
     abs_sum = np.zeros((len(layer_list), int(reference.cfg.d_model)))
     total = sum(math.ceil(len(ex) / batch_size) for ex in sets.values())
     bar = tqdm(total=total, desc="reversal", unit="batch", disable=not show_progress(progress))
-    for name, ex in sets.items():
-        chunks = []
-        for start, end in batches(len(ex), batch_size):
-            values, abs_dims = _reversal_batch(reference, quantized_models, ex.tokens[start:end], layer_list)
-            chunks.append(values)
-            abs_sum += abs_dims.sum(axis=1)
-            bar.update(1)
-        per_set[name] = {k: np.concatenate([c[k] for c in chunks], axis=1) for k in chunks[0]}
+    with contextlib.ExitStack() as scope:
+        in_place = any(is_block_weights(q) for q in quantized_models.values())
+        kept = stash if stash is not None or not in_place else scope.enter_context(WeightStash(reference))
+        for name, ex in sets.items():
+            chunks = []
+            for start, end in batches(len(ex), batch_size):
+                values, abs_dims = _reversal_batch(reference, quantized_models, ex.tokens[start:end], layer_list, kept)
+                chunks.append(values)
+                abs_sum += abs_dims.sum(axis=1)
+                bar.update(1)
+            per_set[name] = {k: np.concatenate([c[k] for c in chunks], axis=1) for k in chunks[0]}
     bar.close()
     n_total = len(d_large) + len(d_ctrl)
     by_layer = pd.DataFrame({"layer": layer_list})

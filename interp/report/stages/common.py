@@ -59,9 +59,10 @@ def _scored_over_ranks(ctx: ReportContext, store: Path, cache: Path) -> pd.DataF
                                    ctx.examples.ids, complete=False)
 
 
-def quantized_model(ctx: ReportContext, spec: str) -> Any:
-    """A quantized copy of the reference (loaded from the cache, or quantized there first)."""
-    return setup(ctx).quantized(spec)
+def quantized_weights(ctx: ReportContext, spec: str) -> Any:
+    """One copy of the weights: ``spec``'s quantized block weights alone (the cache folder, quantized
+    there first if absent), which the stages swap into the reference (``ctx.stash`` keeps its own)."""
+    return setup(ctx).weights(spec, ctx.stash)
 
 
 def method_errors(ctx: ReportContext) -> pd.DataFrame:

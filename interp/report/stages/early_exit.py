@@ -20,10 +20,11 @@ from interp.report.stages.common import (
     N_BOOT,
     d_large_split,
     patched_spec,
-    quantized_model,
+    quantized_weights,
     record_claims,
     short_spec,
 )
+from interp.runtime.swap import swapped
 
 
 def _lens_measurement(curves: Any, n_layers: int, vocab: int, seed: int, lens: str) -> tuple[Measurement, dict]:
@@ -53,10 +54,16 @@ def _lens_measurement(curves: Any, n_layers: int, vocab: int, seed: int, lens: s
 def stage_early_exit(ctx: ReportContext) -> StageOutput:
     split = d_large_split(ctx)
     spec = patched_spec(ctx)
-    models = {"reference": ctx.model, "quantized": quantized_model(ctx, spec)}
     sets = {"D_large": split.large, "D_ctrl": split.ctrl}
     bs = ctx.settings.batch_size
-    logit = ctx.batched("early exit").early_exit(models, sets, at="resid_post", stage="early_exit")
+    # one copy of the weights: "quantized" is the reference carrying the quantized block weights
+    weights = quantized_weights(ctx, spec)
+    shards = ctx.batched("early exit")
+    ref = shards.early_exit({"reference": ctx.model}, sets, at="resid_post", stage="early_exit")
+    with swapped(ctx.model, weights, stash=ctx.stash):
+        quant = shards.early_exit({"quantized": ctx.model}, sets, at="resid_post", stage="early_exit")
+    logit = EarlyExitCurves(results={**ref.results, **quant.results}, models=["reference", "quantized"],
+                            sets=list(sets))
     ctx.main_only()  # the tuned lens (its fit and its curves) is not split into batches: rank 0's
     n_layers = ctx.model.info.n_layers
     vocab = int(ctx.model.cfg.d_vocab)
@@ -71,9 +78,11 @@ def stage_early_exit(ctx: ReportContext) -> StageOutput:
     except InterpError as exc:  # too few calibration tokens for a d x d fit (e.g. --quick)
         m_tuned, info_tuned = Measurement(untestable=f"no tuned lens: {exc}"), dict[str, Any]()
     else:
-        tuned = EarlyExitCurves(results={f"{m} / {s}": tuned_early_exit(model, lens, ex, batch_size=bs)
-                                         for m, model in models.items() for s, ex in sets.items()},
-                                models=list(models), sets=list(sets))
+        results = {f"reference / {s}": tuned_early_exit(ctx.model, lens, ex, batch_size=bs) for s, ex in sets.items()}
+        with swapped(ctx.model, weights, stash=ctx.stash):
+            results.update({f"quantized / {s}": tuned_early_exit(ctx.model, lens, ex, batch_size=bs)
+                            for s, ex in sets.items()})
+        tuned = EarlyExitCurves(results=results, models=["reference", "quantized"], sets=list(sets))
         m_tuned, info_tuned = _lens_measurement(tuned, n_layers, vocab, seed, "tuned")
         table = table.join(tuned.table().add_prefix("tuned lens: "))
         figs["early_exit_tuned"] = draw(tuned)

@@ -18,7 +18,7 @@ from interp.report.stages.common import (
     d_large_split,
     method_errors,
     patched_spec,
-    quantized_model,
+    quantized_weights,
     record_claims,
     spec_bits,
 )
@@ -85,8 +85,9 @@ def stage_norms(ctx: ReportContext) -> StageOutput:
     ctx.main_only()  # the reversal analysis (on D_large and D_ctrl) is not split into batches: rank 0's
     per_method = _per_method_norm_table(ctx, errors)
     spec = patched_spec(ctx)
-    rev = reversal(ctx.model, {spec: quantized_model(ctx, spec)}, split.large, split.ctrl,
-                   batch_size=ctx.settings.batch_size, n_boot=N_BOOT, seed=seed, progress=ctx.progress)
+    rev = reversal(ctx.model, {spec: quantized_weights(ctx, spec)}, split.large, split.ctrl,
+                   batch_size=ctx.settings.batch_size, n_boot=N_BOOT, seed=seed, progress=ctx.progress,
+                   stash=ctx.stash)
     out = StageOutput(tables={"norm_error_per_method": per_method, "reversal_by_layer": rev.by_layer,
                               "reversal_mse": rev.mse, "outlier_dims": rev.outliers, "split": split.to_frame()})
     out.figures["split"] = figures.draw(split)

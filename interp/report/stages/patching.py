@@ -8,7 +8,14 @@ from interp.localize.patching import gate_input_vs_gate_weights, layer_sweep, pa
 from interp.quant import protocol as pr
 from interp.report.context import ReportContext, Stage, StageOutput
 from interp.report.reproduction import Measurement
-from interp.report.stages.common import N_BOOT, d_large_split, patched_spec, quantized_model, record_claims, short_spec
+from interp.report.stages.common import (
+    N_BOOT,
+    d_large_split,
+    patched_spec,
+    quantized_weights,
+    record_claims,
+    short_spec,
+)
 
 STRONG, WEAK = ("down", "gate"), ("up", "attn_out")  # the paper's strong and weak components
 
@@ -16,17 +23,18 @@ STRONG, WEAK = ("down", "gate"), ("up", "attn_out")  # the paper's strong and we
 def stage_patching(ctx: ReportContext) -> StageOutput:
     split = d_large_split(ctx)
     spec = patched_spec(ctx)
-    quantized = quantized_model(ctx, spec)
+    quantized = quantized_weights(ctx, spec)  # one copy: swapped into the reference per batch
     bs, seed = ctx.settings.batch_size, ctx.settings.seed
+    engine = {"batch_size": bs, "progress": False, "stash": ctx.stash}
     shards = ctx.batched("patching")
-    table_result = shards.patch("patching/table", lambda sub: patching_table(
-        ctx.model, quantized, sub, batch_size=bs, progress=False), quantized, split.large)
-    gate = shards.gate_input(lambda sub: gate_input_vs_gate_weights(
-        ctx.model, quantized, sub, batch_size=bs, progress=False), quantized, split.large, stage="patching/gate_input")
+    table_result = shards.patch("patching/table", lambda sub: patching_table(ctx.model, quantized, sub, **engine),
+                                ctx.model, split.large)
+    gate = shards.gate_input(lambda sub: gate_input_vs_gate_weights(ctx.model, quantized, sub, **engine), ctx.model,
+                             split.large, stage="patching/gate_input")
     # one layer at a time over the upper half, where the paper's table patches (`interp patch
     # --experiments sweep --layers all` covers every layer)
-    sweep = shards.patch("patching/sweep", lambda sub: layer_sweep(
-        ctx.model, quantized, sub, layers="upper_half", batch_size=bs, progress=False), quantized, split.large)
+    sweep = shards.patch("patching/sweep", lambda sub: layer_sweep(ctx.model, quantized, sub, layers="upper_half",
+                                                                   **engine), ctx.model, split.large)
     ctx.main_only()
     values = table_result.values.double().numpy()
     patched = {p.component: values[i] for i, p in enumerate(table_result.patches)}

@@ -6,7 +6,7 @@ from interp.figures import draw
 from interp.quant import protocol as pr
 from interp.report.context import ReportContext, Stage, StageOutput
 from interp.report.reproduction import Measurement
-from interp.report.stages.common import N_BOOT, d_large_split, patched_spec, quantized_model, record_claims
+from interp.report.stages.common import N_BOOT, d_large_split, patched_spec, quantized_weights, record_claims
 
 
 def stage_restoration(ctx: ReportContext) -> StageOutput:
@@ -15,8 +15,8 @@ def stage_restoration(ctx: ReportContext) -> StageOutput:
     n_layers = ctx.model.info.n_layers
     k_paper = max(1, round(n_layers * 7 / 40))  # the paper restored 7 of 40 layers
     ks = sorted(k for k in {0, 1, 2, 4, k_paper, n_layers // 4, n_layers // 2, n_layers} if k <= n_layers)
-    result = ctx.batched("restoration").restoration(quantized_model(ctx, spec), ctx.model, split.large, ks,
-                                                    stage="restoration")
+    result = ctx.batched("restoration").restoration(quantized_weights(ctx, spec), ctx.model, split.large, ks,
+                                                    stage="restoration", stash=ctx.stash)
     ctx.main_only()
     nll = result.nll.double().numpy()
     boot = pr.recovery_boot(nll[ks.index(0)], result.reference_nll.double().numpy(),
