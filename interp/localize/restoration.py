@@ -278,6 +278,18 @@ def restoration_sweep(
                              ids=list(examples.ids), settings=settings)
 
 
+def _prefix(model: Model, runner: DecoderRunner, tokens: Tensor, starts: Sequence[int], verify: bool
+            ) -> tuple[dict[Any, Tensor], Tensor]:
+    """One forward of ``model``: the residuals entering blocks ``starts`` and the final hidden state.
+    With ``verify`` (the first batch), also checks that the runner reproduces the model from a cached residual."""
+    checks = [(c, layer) for layer in runner.check_layers() for c in ("resid_pre", "resid_post")]
+    cache, final = capture(model, tokens, [("resid_pre", s) for s in starts] + (checks if verify else []))
+    if verify and not runner.verify(cache):
+        raise InterpError("Running decoder layers from a cached residual did not reproduce this model's forward; "
+                          "use restore_layers() and interp.nll() instead.")
+    return cache, final
+
+
 def _restored_nll_in_place(quantized: BlockWeights, reference: Model, examples: Examples,
                            restored: Sequence[Sequence[int]], batch_size: int, progress: bool | None,
                            stash: WeightStash | None = None) -> tuple[Float[Tensor, "n_sets n_examples"], PerExample]:
@@ -308,12 +320,7 @@ def _restored_nll_in_place(quantized: BlockWeights, reference: Model, examples: 
                 tokens = examples.tokens[start:end].to(device)
                 with swapped(reference, quantized, stash=kept):
                     holds = ["quantized"] * n  # which variant each block carries now
-                    checks = [(c, layer) for layer in runner.check_layers() for c in ("resid_pre", "resid_post")]
-                    keys = [("resid_pre", s) for s in starts] + (checks if start == 0 else [])
-                    cache, final = capture(reference, tokens, keys)
-                    if start == 0 and not runner.verify(cache):
-                        raise InterpError("Running decoder layers from a cached residual did not reproduce this "
-                                          "model's forward; use restore_layers() and interp.nll() instead.")
+                    cache, final = _prefix(reference, runner, tokens, starts, verify=start == 0)
                     for i, layers in enumerate(restored):
                         if not layers:
                             out[i, start:end] = readout.mean_nll(final, tokens).cpu()
@@ -376,12 +383,7 @@ def restored_nll(
     with torch.no_grad():
         for start, end in batches(len(examples), batch_size):
             tokens = examples.tokens[start:end].to(device)
-            checks = [(c, layer) for layer in runner.check_layers() for c in ("resid_pre", "resid_post")]
-            keys = [("resid_pre", s) for s in starts] + (checks if start == 0 else [])
-            cache, final = capture(quantized, tokens, keys)
-            if start == 0 and not runner.verify(cache):
-                raise InterpError("Running decoder layers from a cached residual did not reproduce this model's "
-                                  "forward; use restore_layers() and interp.nll() instead.")
+            cache, final = _prefix(quantized, runner, tokens, starts, verify=start == 0)
             _, reference_final = capture(reference, tokens, [])
             reference_out[start:end] = reference_readout.mean_nll(reference_final, tokens).cpu()
             for i, layers in enumerate(restored):
