@@ -36,14 +36,14 @@ def setup(ctx: ReportContext) -> ErrorSplit:
         common: dict[str, Any] = dict(calibration=ctx.calibration if needs_cal else None, split_on=patched_spec(ctx),
                                       cache_dir=cache, seed=s.seed, batch_size=s.batch_size, progress=ctx.progress)
         if ctx.world_size > 1:  # torchrun: each rank scores its batches; every rank reads the merged store
-            errors = _scored_over_ranks(ctx, store, cache)
+            errors = _scored_over_ranks(ctx, store, cache, common["calibration"])
             ctx.cache["setup"] = error_split(ctx.model, list(s.methods), ctx.examples, errors=errors, **common)
         else:
             ctx.cache["setup"] = error_split(ctx.model, list(s.methods), ctx.examples, store=store, **common)
     return ctx.cache["setup"]
 
 
-def _scored_over_ranks(ctx: ReportContext, store: Path, cache: Path) -> pd.DataFrame:
+def _scored_over_ranks(ctx: ReportContext, store: Path, cache: Path, calibration: Any) -> pd.DataFrame:
     """Every method's per-example errors, scored by :func:`interp.quant.distributed.score_distributed`
     (whole batches per rank, merged into ``store`` by rank 0), read back by every rank."""
     from interp.quant.apply import model_hash
@@ -51,9 +51,8 @@ def _scored_over_ranks(ctx: ReportContext, store: Path, cache: Path) -> pd.DataF
     from interp.quant.store import ScoreStore
 
     s = ctx.settings
-    needs_cal = any(parse_spec(m).needs_calibration for m in s.methods)
     score_distributed(ctx.model, list(s.methods), ctx.examples, store, cache_dir=cache, batch_size=s.batch_size,
-                      calibration=ctx.calibration if needs_cal else None, progress=ctx.progress)
+                      calibration=calibration, progress=ctx.progress)
     with ScoreStore(store) as scores:  # score_distributed returns on every rank after rank 0's merge
         return scores.errors_frame(model_hash(ctx.model), [str(parse_spec(m)) for m in s.methods],
                                    ctx.examples.ids, complete=False)
