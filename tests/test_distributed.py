@@ -40,7 +40,7 @@ g = torch.Generator().manual_seed(0)
 ex = interp.Examples.from_tokens(torch.randint(0, 256, ({n}, {t}), generator=g))
 errors = score_distributed(model, {specs!r}, ex, store, batch_size={batch}, progress=False)
 if errors is not None:
-    errors.to_pickle(out)
+    errors.to_parquet(out)
 print("rank done", torch.get_num_threads())
 """
 
@@ -92,11 +92,11 @@ def test_shard_bounds_cover_in_whole_batches(n: int, batch: int, world: int) -> 
 
 @pytest.fixture(scope="module")
 def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, Path]:
-    """One 2-rank torchrun of the driver: (tmp, HF folder, main store, pickled errors)."""
+    """One 2-rank torchrun of the driver: (tmp, HF folder, main store, the errors as parquet)."""
     tmp = tmp_path_factory.mktemp("dist")
     folder = tmp / "tiny"
     interp.models.export_hf(interp.tiny_model("llama", seed=0), folder)
-    store, out = tmp / "dist", tmp / "errors.pkl"
+    store, out = tmp / "dist", tmp / "errors.parquet"
     _torchrun(tmp, folder, store, out)
     return tmp, folder, store, out
 
@@ -104,7 +104,7 @@ def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, 
 @pytest.mark.slow
 def test_torchrun_matches_single_process(torchrun_run: tuple[Path, Path, Path, Path]) -> None:
     tmp_path, folder, store, out = torchrun_run
-    dist_errors = pd.read_pickle(out)
+    dist_errors = pd.read_parquet(out)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -138,12 +138,12 @@ def test_torchrun_matches_single_process(torchrun_run: tuple[Path, Path, Path, P
 @pytest.mark.slow
 def test_torchrun_rerun_computes_and_merges_nothing_again(torchrun_run: tuple[Path, Path, Path, Path]) -> None:
     tmp_path, folder, store, out = torchrun_run
-    before = pd.read_pickle(out)
+    before = pd.read_parquet(out)
     _torchrun(tmp_path, folder, store, out)  # as after a kill: every batch is done
     with ScoreStore(store) as st:
         assert len(st.batch_log()) == 12
         assert st._db.execute("SELECT count(*) FROM scores").fetchone()[0] == N * 3
-    assert (pd.read_pickle(out) - before).abs().to_numpy().max() == 0
+    assert (pd.read_parquet(out) - before).abs().to_numpy().max() == 0
 
 
 def test_merge_is_idempotent_and_resumes_a_killed_shard(tmp_path: Path) -> None:

@@ -18,8 +18,9 @@ copy calls :func:`score_distributed` with the same arguments. Then:
 
 Resuming: the shard files stay. A rerun after a kill forms the same shards, and each rank's
 :func:`~interp.quant.store.score` skips its finished batches. Quantized models are cached in
-the folder beside the store (``quantized/``) under a file lock, so one rank quantizes a spec
-and the others load its result.
+the folder beside the store (``quantized/``) under a file lock. Before scoring, the specs are
+spread over the ranks (rank ``r`` quantizes specs ``r, r + K, ...`` in place), so K ranks
+quantize K specs side by side; then every rank's scoring loads them from the cache.
 
 Example (script ``run.py``, launched with ``torchrun --nproc-per-node 2 run.py``)::
 
@@ -207,6 +208,7 @@ def score_distributed(
         start, end = shard_bounds(len(examples), batch_size, rank, size)
         kwargs = dict(score_kwargs)
         kwargs.setdefault("cache_dir", _main_path(store).parent / "quantized")
+        _quantize_spread(dist, reference, _unique_specs(specs), kwargs, store, rank, size)
         if end > start:
             score(reference, specs, examples.subset(list(range(start, end))),
                   store=shard_path(store, rank), **kwargs)
@@ -227,6 +229,31 @@ def score_distributed(
     finally:
         if created:
             dist.destroy_process_group()
+
+
+def _quantize_spread(dist: Any, reference: Model, specs: Sequence[MethodSpec], kwargs: dict[str, Any], store: Any,
+                     rank: int, size: int) -> None:
+    """Every spec quantized into the cache once, the specs spread over the ranks (rank ``r`` takes
+    specs ``r, r + size, ...``, each in place: one copy of the weights), so the ranks quantize side by
+    side instead of one after another; then each rank's scoring finds them all in the cache. The
+    cache's file lock keeps two ranks off one folder; the weights do not depend on which rank (or
+    thread count) made them. A failure on one rank stops all of them."""
+    from interp.quant.inplace import cached_variant
+    from interp.runtime.distributed import agree
+    from interp.runtime.swap import WeightStash
+
+    mine = [spec for i, spec in enumerate(specs) if i % size == rank]
+    calibration = kwargs.get("calibration")
+    try:
+        if mine:
+            with WeightStash(reference, _main_path(store).parent) as stash:
+                for spec in mine:
+                    cached_variant(reference, spec, calibration if spec.needs_calibration else None, stash=stash,
+                                   cache_dir=kwargs["cache_dir"], progress=kwargs.get("progress"))  # as score() does
+    except BaseException:
+        agree(dist, failed=True)
+        raise
+    agree(dist, failed=False)
 
 
 # ---------------------------------------------------------------------------------------

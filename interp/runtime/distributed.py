@@ -59,7 +59,7 @@ from interp.io import ensure_writable_dir, write_json
 from interp.runtime.batching import batches, show_progress
 
 __all__ = ["world", "local_device", "cores", "shard_bounds", "process_group", "map_batches", "Gathered",
-           "pin_threads"]
+           "pin_threads", "agree"]
 
 PART_SUFFIX = ".safetensors"
 MANIFEST = "manifest.json"
@@ -242,7 +242,7 @@ def _load_part(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return tensors, meta
 
 
-def _agree(dist: Any, failed: bool) -> None:
+def agree(dist: Any, failed: bool) -> None:
     """A barrier that also tells every rank whether any rank failed (then the others raise too)."""
     if dist is None:
         return
@@ -316,11 +316,11 @@ def map_batches(
                         held[(s, e)] = ({k: v.detach().cpu() for k, v in tensors.items()}, dict(meta))
                 bar.update(1)
         except BaseException:
-            _agree(dist, failed=True)  # the other ranks learn of it instead of waiting at a barrier
+            agree(dist, failed=True)  # the other ranks learn of it instead of waiting at a barrier
             raise
         finally:
             bar.close()
-        _agree(dist, failed=False)  # every batch is on disk (or some rank failed: then all stop)
+        agree(dist, failed=False)  # every batch is on disk (or some rank failed: then all stop)
         if rank != 0 and not everywhere:
             return None
         loaded = [held[(s, e)] if folder is None else _load_part(folder / part_name(s, e)) for s, e in grid]
