@@ -111,6 +111,27 @@ def test_patching_equals(plain, split, rows, weights):
     assert torch.equal(a.values, b.values) and torch.equal(a.target, b.target) and torch.equal(a.source, b.source)
 
 
+@pytest.mark.numerical
+def test_one_copy_patching_on_the_split_model(plain, split, rows, tmp_path):
+    """The quantized weights swapped into the offloaded reference per batch: the two-model table, exactly."""
+    from interp.localize.patching import patching_table
+    from interp.quant.apply import quantize_cached
+    from interp.quant.inplace import SavedWeights, cached_variant
+    from interp.runtime.swap import WeightStash
+
+    spec = "rtn:bits=3,group=32"
+    with WeightStash(split) as stash:
+        folder = cached_variant(split, spec, stash=stash, cache_dir=tmp_path, progress=False)
+        one = patching_table(split, SavedWeights(folder, split), rows, "all", batch_size=4, progress=False,
+                             stash=stash)
+    two = patching_table(plain, quantize_cached(plain, spec, cache_dir=tmp_path, progress=False), rows, "all",
+                         batch_size=4, progress=False)
+    assert torch.equal(one.values, two.values) and torch.equal(one.target, two.target)
+    assert torch.equal(one.source, two.source)
+    assert not torch.equal(one.target, one.source)  # the quantized weights were in place
+    assert torch.equal(split(rows.tokens), plain(rows.tokens))  # and the reference is back
+
+
 @pytest.fixture(scope="module")
 def calibration():
     g = torch.Generator().manual_seed(5)
