@@ -304,3 +304,81 @@ class Estimate:
         if self.has_interval:
             body += f" [{fmt(self.low)}, {fmt(self.high)}]"
         return body
+
+
+# ---------------------------------------------------------------------------------------
+# Crossed designs: instances x examples
+
+
+MIN_INSTANCES = 3  # fewer calibrated instances than this: the instance component is not estimable
+
+
+@dataclass(frozen=True)
+class Crossed:
+    """A statistic averaged over instances that were all measured on the same examples (a crossed design).
+
+    Attributes:
+        estimate: the mean over instances, with its interval (both components, see :func:`crossed_bootstrap`).
+        instances: how many instances were measured.
+        per_instance: the statistic of each instance on all examples.
+        between_sd: the standard deviation of ``per_instance`` (the instance component; NaN for one instance).
+        examples_sd: the bootstrap standard deviation from the shared example resample (the example component).
+        df: the Welch-Satterthwaite degrees of freedom of the interval.
+    """
+
+    estimate: Estimate
+    instances: int
+    per_instance: tuple[float, ...]
+    between_sd: float
+    examples_sd: float
+    df: float
+
+    @property
+    def instance_limited(self) -> bool:
+        """True when the instance component rests on fewer than :data:`MIN_INSTANCES` instances."""
+        return self.instances < MIN_INSTANCES
+
+    def instance_text(self) -> str:
+        spread = "n/a" if not math.isfinite(self.between_sd) else f"{self.between_sd:.3g}"
+        return f"{self.instances} instance(s), between-instance sd {spread}"
+
+
+def crossed_bootstrap(per_instance: Sequence[Any], statistic: Any, n_rows: int, n_boot: int = 1000, seed: int = 0,
+                      level: float = 0.95) -> Crossed:
+    """Interval for the mean over instances of ``statistic`` when every instance is measured on the same examples.
+
+    The design is crossed: instance i and instance j share the example j effect, so one resample of
+    the examples is drawn and shared by every instance (``statistic(data, rows)`` gets ``rows`` of
+    shape ``[n_boot, n_rows]`` and returns ``[n_boot]``). Its spread is the example component
+    ``V_e``. The instance component is ``V_i = s^2 / I``, with ``s`` the standard deviation of the
+    per-instance statistics on all examples. The interval is ``mean +- t_df sqrt(V_e + V_i)``, with
+    Welch-Satterthwaite ``df = V^2 / (V_i^2 / (I - 1))`` (``V_e`` counted with infinite df). Each
+    instance-by-example residual enters both components once, so the variance errs on the wide
+    side by ``sigma_res^2 / (I n)``.
+
+    With one instance there is no instance component: the interval covers the examples only, and
+    :attr:`Crossed.instance_limited` says so. A percentile bootstrap that also resamples the
+    instances cannot extend past the observed instances and under-covers with a handful of them;
+    one that draws fresh examples for each drawn instance (a nested design) under-covers when
+    examples differ (``tests/test_bootstrap_design.py``).
+    """
+    count = len(per_instance)
+    if count == 0:
+        raise ValueError("crossed_bootstrap needs at least one instance.")
+    everything = np.arange(n_rows)[None]
+    points = np.array([float(np.asarray(statistic(d, everything)).reshape(-1)[0]) for d in per_instance])
+    rows = bootstrap_indices(n_rows, n_boot, seed)
+    boot = np.mean([np.asarray(statistic(d, rows), dtype=np.float64).reshape(-1) for d in per_instance], axis=0)
+    boot = boot[np.isfinite(boot)]
+    point = float(points.mean())
+    v_e = float(boot.var(ddof=1)) if boot.size > 1 else math.nan
+    between = float(points.std(ddof=1)) if count > 1 else math.nan
+    v_i = between ** 2 / count if count > 1 else 0.0
+    total = v_e + v_i
+    df = math.inf if v_i == 0 else total ** 2 / (v_i ** 2 / (count - 1))
+    if not math.isfinite(total) or not math.isfinite(point):
+        return Crossed(Estimate(point, n=n_rows), count, tuple(points), between, math.sqrt(v_e), df)
+    half = float(sps.t.ppf(0.5 + level / 2, df) if math.isfinite(df) else sps.norm.ppf(0.5 + level / 2)) * \
+        math.sqrt(total)
+    return Crossed(Estimate(point, point - half, point + half, n_rows), count, tuple(float(p) for p in points),
+                   between, math.sqrt(v_e), df)
