@@ -45,19 +45,24 @@ from typing import Literal
 import pandas as pd
 import scipy.stats as sps
 
-from interp.stats import Estimate
+from interp.stats import MIN_INSTANCES, Estimate
 
-Verdict = Literal["as strong as the paper", "consistent with the paper", "weaker than the paper", "not shown",
-                  "contradicted", "not testable here", "by construction"]
+Verdict = Literal["diagnostic (no verdict)",
+                  "as strong as the paper", "present; level not resolved", "weaker than the paper", "not shown",
+                  "contradicted", "not testable here", "by construction", "too few examples for a verdict",
+                  "instance-limited"]
 AS_STRONG: Verdict = "as strong as the paper"
-CONSISTENT: Verdict = "consistent with the paper"
+CONSISTENT: Verdict = "present; level not resolved"  # was "consistent with the paper" (registration 1)
 WEAKER: Verdict = "weaker than the paper"
 NOT_SHOWN: Verdict = "not shown"
 CONTRADICTED: Verdict = "contradicted"
 NOT_TESTABLE: Verdict = "not testable here"
 BY_CONSTRUCTION: Verdict = "by construction"
+TOO_FEW: Verdict = "too few examples for a verdict"  # the measurement is shown; its interval decides nothing
+DIAGNOSTIC: Verdict = "diagnostic (no verdict)"  # shown beside a claim; the paper makes no such claim
+INSTANCE_LIMITED: Verdict = "instance-limited"  # fewer than 3 calibrated instances: the instance component is unknown
 VERDICTS: tuple[Verdict, ...] = (AS_STRONG, CONSISTENT, WEAKER, NOT_SHOWN, CONTRADICTED, NOT_TESTABLE,
-                                 BY_CONSTRUCTION)
+                                 BY_CONSTRUCTION, TOO_FEW, INSTANCE_LIMITED, DIAGNOSTIC)
 # What each verdict asserts. A wider interval must never add to this set (the monotonicity property).
 CONCLUSIONS: dict[str, frozenset[str]] = {
     AS_STRONG: frozenset({"present", "at the paper's level"}),
@@ -67,27 +72,65 @@ CONCLUSIONS: dict[str, frozenset[str]] = {
     CONTRADICTED: frozenset({"the other side"}),
     NOT_TESTABLE: frozenset(),
     BY_CONSTRUCTION: frozenset(),
+    TOO_FEW: frozenset(),
+    INSTANCE_LIMITED: frozenset(),
+    DIAGNOSTIC: frozenset(),
 }
+
+# The verdicts that conclude something about the paper's level or direction (instance-limited withholds them)
+CONCLUDING = frozenset({AS_STRONG, CONSISTENT, WEAKER, NOT_SHOWN, CONTRADICTED})
 
 SAOBP_PAPER = "SAOBP (arXiv 2509.07324)"
 QUANT_PAPER = "Quantization errors (arXiv 2506.12044)"
 
 # -- levels, each from the papers' own numbers (never from a measurement made here) ------------
-AGREEMENT_LEVEL = 0.66  # the paper's weakest model (Qwen2.5-7B); its mean over 50 pairs is 0.82
+# Every level is on the scale of the statistic its rule reads; a recovery is read on the NLL scale and its level
+# is converted exactly from the paper's perplexities (unrounded). Principle: where the paper reports several
+# models, the level is what all of them reach (the weakest); where it reports one, that model's number.
+
+
+def nll_recovery(quantized: float, patched: float, reference: float) -> float:
+    """Recovery on the NLL scale from three perplexities: ``(ln q - ln p) / (ln q - ln ref)``."""
+    return (math.log(quantized) - math.log(patched)) / (math.log(quantized) - math.log(reference))
+
+
+def ppl_recovery(quantized: float, patched: float, reference: float) -> float:
+    """Recovery on the perplexity scale: ``(q - p) / (q - ref)`` (the paper's own percentages)."""
+    return (quantized - patched) / (quantized - reference)
+
+
+# The paper's Table 4, Llama3-8B AWQ3, D_large perplexity (docs: /work/shared/specs/quantization.md, section 7)
+PATCH_PPL = {"reference": 5.62, "quantized": 10.68, "down": 5.95, "gate": 6.42, "up": 9.97, "attn_out": 9.27}
+PATCH_LEVELS = {c: nll_recovery(PATCH_PPL["quantized"], PATCH_PPL[c], PATCH_PPL["reference"])
+                for c in ("down", "gate", "up", "attn_out")}
+PATCH_LEVELS_PPL = {c: ppl_recovery(PATCH_PPL["quantized"], PATCH_PPL[c], PATCH_PPL["reference"])
+                    for c in ("down", "gate", "up", "attn_out")}
+# Table 4's up-patching recovery per model (perplexity scale): the paper itself varies from -124% to +78%
+UP_RECOVERY_BY_MODEL_PPL = {"Llama3-8B": 0.14, "Qwen2.5-7B": -0.13, "Mistral-12B": -1.24, "Llama3-70B": 0.78}
+# The restoration experiment: top 7 of 40 layers (a 40-layer model, Mistral-12B AWQ3 as in the early-exit figure),
+# D_large perplexity quantized 8.67 -> 8.05 with the layers restored, reference 5.60
+RESTORATION_PPL = (8.67, 8.05, 5.60)
+RESTORATION_LEVEL = nll_recovery(*RESTORATION_PPL)
+RESTORATION_LEVEL_PPL = ppl_recovery(*RESTORATION_PPL)
+AGREEMENT_LEVEL = 0.82  # the paper's stated mean Pearson over its 50 method pairs (all models; abstract and section 3)
 JACCARD_LEVEL = 0.51  # the paper's mean top-10% Jaccard over pairs
-NORM_LEVEL = -0.66  # the paper's weakest last-layer correlation (Qwen2.5-7B); others -0.76 to -0.80
+NORM_LEVEL = -0.66  # the weakest of the paper's four last-layer correlations (Qwen2.5-7B; others -0.76 to -0.80)
 H_MSE_LEVEL = 0.6  # the paper: corr(||h||, MLP-output MSE) "above 0.6 in most upper layers"
 OUTLIER_LEVEL = 0.10  # "the outlier dims get the smallest gamma": within the smallest 10% of dims
 EARLY_EXIT_LEVEL = 7 / 40  # the paper: the curves split in the last ~7 of 40 layers (Mistral-12B AWQ3)
-RESTORATION_LEVEL = 0.20  # the paper: (8.67 - 8.05) / (8.67 - 5.60) on perplexity
-PATCH_LEVELS = {"down": 0.93, "gate": 0.84, "up": 0.14, "attn_out": 0.28}  # Llama3-8B AWQ3, the paper's Table 4
 # -- this project's own thresholds (not the paper's), fixed before the confirmatory measurement --
 EARLY_EXIT_SHARE = 0.25  # "only the last layers": the last quarter, where the paper's 17.5% lies
-LITTLE = 0.5  # "recovers little": less than half of the gap
+LITTLE = 0.5  # "recovers little": less than half of the gap, on the NLL scale (the perplexity-scale reading beside
+# uses half of the perplexity gap)
 # SAOBP training is testable only where the baseline shows what SAOBP is claimed to prevent:
 SINK_SHARE = 0.3  # baseline deep-layer mass on key 0 at the end of training, or ...
 COLLAPSED_ENTROPY = 0.35  # ... baseline deep-layer normalised entropy (1 = uniform) at or below this
 MIN_SEEDS = 3
+# The fewest examples an interval over examples may rest on: the smallest n at which a nominal 95% percentile
+# bootstrap interval of a mean of normal data covers at least 90% (its half-width is z sqrt((n-1)/n) s/sqrt(n)
+# against the exact t_{n-1} s/sqrt(n): coverage 60% at n = 2, 89.8% at 9, 90.4% at 10). Below it a claim gets
+# "too few examples for a verdict" (:func:`judge`).
+MIN_EXAMPLES = 10
 POWER_EFFECTS = (0.01, 0.02, 0.05)  # loss differences (nats/token) the seed count is sized for
 
 
@@ -127,19 +170,20 @@ class Claim:
     criterion: str
     rule: Rule
     model_independent: bool = False  # measured once for every model (the SAOBP training logs)
+    min_n: int = 0  # the fewest examples its intervals may resample (0: not counted in examples)
 
 
 CLAIMS: dict[str, Claim] = {}
 
 
 def claim(key: str, paper: str, text: str, paper_value: str, statistic: str, criterion: str,
-          model_independent: bool = False) -> Callable[[Rule], Rule]:
+          model_independent: bool = False, min_n: int = 0) -> Callable[[Rule], Rule]:
     """Register ``rule`` as the criterion of claim ``key`` (claims keep their declaration order)."""
 
     def register(rule: Rule) -> Rule:
         if key in CLAIMS:
             raise ValueError(f"claim {key!r} is declared twice")
-        CLAIMS[key] = Claim(key, paper, text, paper_value, statistic, criterion, rule, model_independent)
+        CLAIMS[key] = Claim(key, paper, text, paper_value, statistic, criterion, rule, model_independent, min_n)
         return rule
 
     return register
@@ -347,17 +391,18 @@ def _saobp_training_gtd(m: Measurement) -> Judgement:
 
 # Each claim below is a declaration of the same shape (statement, paper value, statistic, criterion,
 # rule): the registry's entries repeat their form on purpose, one per finding.
-_LEVEL_RULE = ("as strong as the paper when the whole interval lies at or beyond {level}, consistent when it excludes "
-               "{null} and contains {level}, weaker when it excludes {null} but falls short of {level}, not shown when "
-               "it includes {null}, contradicted when it lies wholly on the other side of {null}")
+_LEVEL_RULE = ("as strong as the paper when the whole interval lies at or beyond {level}, 'present; level not "
+               "resolved' when it excludes {null} and contains {level}, weaker when it excludes {null} but falls "
+               "short of {level}, not shown when it includes {null}, contradicted when it lies wholly on the other "
+               "side of {null}")
 
 
 @claim("agreement", QUANT_PAPER,
        "Per-example errors agree across quantization methods",
-       "Pearson 0.82 (mean of 50 pairs; weakest model 0.66)",
+       "Pearson 0.82 (mean over the paper's 50 method pairs, all its models; abstract and section 3)",
        "mean Pearson over the paper's pairs (no same-algorithm, different-bits pair), bootstrap interval; "
        "3-bit-only and 4-bit-only means and each calibrated method's across-instance self-agreement beside it",
-       _LEVEL_RULE.format(level=f"{AGREEMENT_LEVEL} (the paper's weakest model)", null="0"))
+       _LEVEL_RULE.format(level=f"{AGREEMENT_LEVEL} (the paper's mean over 50 pairs)", null="0"), min_n=MIN_EXAMPLES)
 def _agreement(m: Measurement) -> Judgement:
     return _need(m, "pearson") or present_at_level(m.estimates["pearson"], 0.0, AGREEMENT_LEVEL, +1)
 
@@ -367,9 +412,9 @@ def _agreement(m: Measurement) -> Judgement:
        "Pearson 0.82 (the paper does not correct for noise)",
        "mean over the same pairs of r(a odd, b even) / sqrt(r(a odd, a even) r(b odd, b even)): disjoint target "
        "tokens in the numerator, so the two errors share no token noise; bootstrap interval",
-       "a correction is valid only when every pair's denominator interval excludes 0 and no corrected value "
-       "(point or interval) exceeds 1; otherwise 'not testable here: correction not valid here'. When valid, "
-       + _LEVEL_RULE.format(level=f"{AGREEMENT_LEVEL}", null="0"))
+       "a diagnostic, not judged: the paper makes no noise-corrected claim. A correction is valid only when every "
+       "pair's denominator interval excludes 0 and no corrected value (point or interval) exceeds 1; otherwise the "
+       "row says 'correction not valid here'", min_n=MIN_EXAMPLES)
 def _agreement_disattenuated(m: Measurement) -> Judgement:
     gate = _need(m, "pearson", "ceiling")
     if gate:
@@ -381,14 +426,15 @@ def _agreement_disattenuated(m: Measurement) -> Judgement:
     if est.value > 1 or est.high > 1:
         return Judgement(NOT_TESTABLE, f"correction not valid here: the corrected agreement reaches above 1 "
                                        f"({est.text(2)}), so the noise model's assumptions do not hold")
-    return present_at_level(est, 0.0, AGREEMENT_LEVEL, +1)
+    return Judgement(DIAGNOSTIC, "the paper makes no noise-corrected claim: the corrected agreement is shown as a "
+                                 "diagnostic beside the agreement row")
 
 
 @claim("jaccard_top10", QUANT_PAPER,
        "The top-10% error sets of different methods overlap far above chance",
        "Jaccard 0.51 (chance about 0.05)",
        "mean top-10% Jaccard over the paper's pairs, bootstrap interval; exact chance value",
-       _LEVEL_RULE.format(level=f"{JACCARD_LEVEL}", null="chance"))
+       _LEVEL_RULE.format(level=f"{JACCARD_LEVEL}", null="chance"), min_n=MIN_EXAMPLES)
 def _jaccard(m: Measurement) -> Judgement:
     chance = m.estimates.get("chance")
     if chance is None or not math.isfinite(chance.value):
@@ -401,7 +447,7 @@ def _jaccard(m: Measurement) -> Judgement:
        "-0.66 to -0.80 (3-bit methods, per-method Pearson averaged)",
        "Pearson(last-layer ||resid_mid||, error) per 3-bit method, averaged, bootstrap interval (shared "
        "resamples) over all examples; the 4-bit average beside it",
-       _LEVEL_RULE.format(level=f"{NORM_LEVEL} (the paper's weakest model)", null="0"))
+       _LEVEL_RULE.format(level=f"{NORM_LEVEL} (the paper's weakest model)", null="0"), min_n=MIN_EXAMPLES)
 def _norm_error(m: Measurement) -> Judgement:
     return _need(m, "r_3bit") or present_at_level(m.estimates["r_3bit"], 0.0, NORM_LEVEL, -1)
 
@@ -430,7 +476,8 @@ def _reversal(m: Measurement) -> Judgement:
        "lower for D_large",
        "mean over layers of [mean log-kurtosis(D_large) - mean log-kurtosis(D_ctrl)] of resid_mid, bootstrap "
        "over examples within each set",
-       "as strong as the paper when the interval lies below 0 (a claim of direction only)")
+       "as strong as the paper when the interval lies below 0 (a claim of direction only)",
+       min_n=2 * MIN_EXAMPLES)  # its n counts D_large and D_ctrl together
 def _kurtosis(m: Measurement) -> Judgement:
     return _need(m, "diff") or signed(m.estimates["diff"], -1, "D_large has lower kurtosis",
                                       "D_large has higher kurtosis")
@@ -446,17 +493,48 @@ def _outlier_gamma(m: Measurement) -> Judgement:
     return _need(m, "percentile") or present_at_level(m.estimates["percentile"], 0.5, OUTLIER_LEVEL, -1)
 
 
+SPLIT_FRACTIONS = (0.33, 0.5, 0.67)  # the split rules registered for early exit (0.5 is share_after_split)
+
+
+def _share_key(fraction: float) -> str:
+    return "share_after_split" if fraction == 0.5 else f"share_after_split_{fraction:g}"
+
+
+def agreeing(parts: Mapping[str, Judgement]) -> Judgement:
+    """One verdict from several readings of the same claim: it asserts only what every reading asserts (the
+    intersection of their :data:`CONCLUSIONS`), so a claim that holds under one split rule and not another is
+    not shown, and one as strong under one and weaker under another is present with its level not resolved."""
+    common = functools.reduce(frozenset.__and__, (CONCLUSIONS[j.verdict] for j in parts.values()))
+    reason = "; ".join(f"{name}: {j.verdict} ({j.reason})" for name, j in parts.items())
+    for verdict in (AS_STRONG, WEAKER, CONSISTENT, CONTRADICTED):
+        if CONCLUSIONS[verdict] == common:
+            return Judgement(verdict, reason)
+    return Judgement(NOT_SHOWN, reason)
+
+
 def _early_exit(m: Measurement) -> Judgement:
-    return _need(m, "share_after_split") or in_band(
-        m.estimates["share_after_split"], 0.0, EARLY_EXIT_SHARE + 1e-9, EARLY_EXIT_LEVEL,
-        below="impossible", above="the curves split before the last quarter")
+    gate = _need(m, "share_after_split")
+    if gate:
+        return gate
+    keys = [_share_key(f) for f in SPLIT_FRACTIONS if _share_key(f) in m.estimates]
+    parts = {f"split at {f:g} of the final gap": in_band(m.estimates[_share_key(f)], 0.0, EARLY_EXIT_SHARE + 1e-9,
+                                                         EARLY_EXIT_LEVEL, below="impossible",
+                                                         above="the curves split before the last quarter")
+             for f in SPLIT_FRACTIONS if _share_key(f) in keys}
+    missing = [k for k in keys if _need(m, k)]
+    if missing:
+        return _need(m, missing[0])  # type: ignore[return-value]
+    return agreeing(parts)
 
 
 _EARLY_EXIT_CRITERION = (
-    f"share of layers after the split (the first layer from which the D_large gap stays >= half its final "
-    f"value), bootstrap over D_large; the claim puts it in the last quarter (<= {EARLY_EXIT_SHARE}, this project's "
+    f"share of layers after the split (the first layer from which the D_large gap stays >= a fraction of its final "
+    f"value), bootstrap over D_large, at each registered fraction {SPLIT_FRACTIONS} that was measured (0.5 alone in "
+    f"runs before registration 2); the verdict asserts only what every fraction's reading asserts; "
+    f"the claim puts it in the last quarter (<= {EARLY_EXIT_SHARE}, this project's "
     f"reading of 'only the last layers'), the paper at {EARLY_EXIT_LEVEL:.3f}: as strong when the whole interval "
-    f"is <= {EARLY_EXIT_LEVEL:.3f}, consistent when it lies within the quarter and contains it, weaker when it lies "
+    f"is <= {EARLY_EXIT_LEVEL:.3f}, 'present; level not resolved' when it lies within the quarter and "
+    f"contains it, weaker when it lies "
     f"within the quarter above it, not shown when it straddles {EARLY_EXIT_SHARE}, contradicted above; not testable "
     "when the lens is informative (reference NLL below log|V|) only inside the last quarter"
 )
@@ -465,15 +543,16 @@ claim("early_exit_logit", QUANT_PAPER,
       "Early exit (logit lens): the quantized curve leaves the reference only in the last layers",
       "last ~7 of 40 layers (17.5%)",
       "split measured on the layers where the reference's logit lens beats uniform", _EARLY_EXIT_CRITERION,
-      )(_early_exit)
+      min_n=MIN_EXAMPLES)(_early_exit)
 claim("early_exit_tuned", QUANT_PAPER,
       "Early exit (tuned lens): the quantized curve leaves the reference only in the last layers",
       "last ~7 of 40 layers (17.5%)",
       "split under an affine translator per layer fitted on the calibration split", _EARLY_EXIT_CRITERION,
-      )(_early_exit)
+      min_n=MIN_EXAMPLES)(_early_exit)
 
 _LITTLE_RULE = (f"the claim puts the recovery in [0, {LITTLE}) ('little': this project's threshold), the paper at "
-                "{level}: as strong when the whole interval lies in [0, {level}], consistent when it lies in the band "
+                "{level}: as strong when the whole interval lies in [0, {level}], 'present; level not resolved' "
+                "when it lies in the band "
                 "and contains {level}, weaker when it lies in the band above {level}, not shown when it straddles 0 or "
                 f"{LITTLE}, contradicted when it lies wholly below 0 (the intervention makes the model worse) or "
                 f"wholly at or above {LITTLE}")
@@ -481,14 +560,36 @@ _LITTLE_RULE = (f"the claim puts the recovery in [0, {LITTLE}) ('little': this p
 
 @claim("restoration", QUANT_PAPER,
        "Restoring the top layers (7 of 40) recovers little of D_large's loss",
-       "8.67 -> 8.05 perplexity (reference 5.60): 20%",
-       "recovery on the NLL scale, (NLL_q - NLL_k) / (NLL_q - NLL_ref), bootstrap over D_large; perplexity scale "
-       "and a null of as many random layers beside it",
-       _LITTLE_RULE.format(level=f"{RESTORATION_LEVEL:g}"))
+       f"8.67 -> 8.05 perplexity (reference 5.60; a 40-layer model, Mistral-12B AWQ3): 20% on perplexity, "
+       f"{RESTORATION_LEVEL:.4f} on NLL",
+       "recovery on the NLL scale, (NLL_q - NLL_k) / (NLL_q - NLL_ref), bootstrap over D_large; the perplexity "
+       "scale beside it; where measured, top-k minus the mean of the random k-layer draws, paired on the same "
+       "examples",
+       "two parts where the paired control was measured (else the level alone): the top layers recover more than "
+       "as many random layers (as strong when the paired interval lies above 0, contradicted below), and the level: "
+       + _LITTLE_RULE.format(level=f"{RESTORATION_LEVEL:.4f} (NLL scale)"), min_n=MIN_EXAMPLES)
 def _restoration(m: Measurement) -> Judgement:
-    return _need(m, "recovery") or in_band(m.estimates["recovery"], 0.0, LITTLE, RESTORATION_LEVEL,
-                                           below="restoring the reference layers makes the model worse",
-                                           above="restoration recovers more than little")
+    gate = _need(m, "recovery")
+    if gate:
+        return gate
+    level = _with_ppl(m, in_band(m.estimates["recovery"], 0.0, LITTLE, RESTORATION_LEVEL,
+                                 below="restoring the reference layers makes the model worse",
+                                 above="restoration recovers more than little"),
+                      lambda e: in_band(e, 0.0, LITTLE, RESTORATION_LEVEL_PPL, below="worse", above="more than little"))
+    if "top_minus_random" not in m.estimates:
+        return level
+    return _need(m, "top_minus_random") or both(level, signed(
+        m.estimates["top_minus_random"], +1, "the top layers recover more than random ones",
+        "random layers recover more than the top ones"))
+
+
+def _with_ppl(m: Measurement, judgement: Judgement, rule: Callable[[Estimate], Judgement]) -> Judgement:
+    """The NLL-scale judgement, with the perplexity-scale reading of the same rule beside it (shown, not judged)."""
+    ppl = m.estimates.get("recovery_ppl")
+    if ppl is None or not ppl.has_interval:
+        return judgement
+    return Judgement(judgement.verdict, f"{judgement.reason}; on the perplexity scale (shown, not judged): "
+                                        f"{rule(ppl).verdict}")
 
 
 def _ordering(m: Measurement, stronger: bool) -> Judgement:
@@ -498,43 +599,59 @@ def _ordering(m: Measurement, stronger: bool) -> Judgement:
 
 
 def _component_rule(component: str, strong: bool) -> Rule:
-    level = PATCH_LEVELS[component]
+    level, level_ppl = PATCH_LEVELS[component], PATCH_LEVELS_PPL[component]
 
     def rule(m: Measurement) -> Judgement:
+        if component == "up":  # the paper's own level varies by model: the ordering alone is tested
+            gate = _need(m, "margin")
+            return gate or _ordering(m, stronger=False)
         gate = _need(m, "recovery", "margin")
         if gate:
             return gate
         recovery = m.estimates["recovery"]
         if strong:
-            return both(present_at_level(recovery, 0.0, level, +1), _ordering(m, stronger=True))
-        return both(in_band(recovery, 0.0, LITTLE, level, below="patching it makes the model worse",
-                            above="it recovers more than little"), _ordering(m, stronger=False))
+            return both(_with_ppl(m, present_at_level(recovery, 0.0, level, +1),
+                                  lambda e: present_at_level(e, 0.0, level_ppl, +1)), _ordering(m, stronger=True))
+        return both(_with_ppl(m, in_band(recovery, 0.0, LITTLE, level, below="patching it makes the model worse",
+                                         above="it recovers more than little"),
+                              lambda e: in_band(e, 0.0, LITTLE, level_ppl, below="worse", above="more than little")),
+                    _ordering(m, stronger=False))
 
     return rule
 
 
 _PATCH_STAT = ("recovery on the NLL scale over D_large, bootstrap interval (perplexity scale beside it); "
                "margin = its gap to the other group, paired bootstrap")
-for _component, _value, _strong in (("down", "93%", True), ("gate", "84%", True), ("up", "14% (Qwen -13%, Mistral "
-                                    "-124%)", False), ("attn_out", "28%", False)):
+_UP_SPREAD = ", ".join(f"{model} {100 * v:+.0f}%" for model, v in UP_RECOVERY_BY_MODEL_PPL.items())
+for _component, _strong in (("down", True), ("gate", True), ("up", False), ("attn_out", False)):
     _level = PATCH_LEVELS[_component]
+    _value = (f"{PATCH_PPL[_component]} perplexity (quantized {PATCH_PPL['quantized']}, reference "
+              f"{PATCH_PPL['reference']}): {100 * PATCH_LEVELS_PPL[_component]:.1f}% on perplexity, {_level:.4f} on "
+              f"NLL (Table 4, Llama3-8B AWQ3)")
+    if _component == "up":
+        _value += f"; the paper's own up recovery varies by model: {_UP_SPREAD}"
     claim(f"patch_{_component}", QUANT_PAPER,
           f"Patching {_component} (upper half of layers) into the quantized model "
-          + ("recovers most of the gap" if _strong else "recovers little"),
-          f"{_value} recovery (Llama3-8B AWQ3)", _PATCH_STAT,
+          + ("recovers most of the gap" if _strong else "recovers less than down and gate" if _component == "up"
+             else "recovers little"),
+          _value, _PATCH_STAT,
           ("two parts, both needed: the ordering (margin to up and attention: as strong when its interval lies "
-           "above 0, contradicted below) and the level: " + _LEVEL_RULE.format(level=f"{_level:g}", null="0"))
+           "above 0, contradicted below) and the level on the NLL scale: "
+           + _LEVEL_RULE.format(level=f"{_level:.4f}", null="0"))
           if _strong else
-          ("two parts, both needed: the ordering (margin to down and gate: shown when its interval lies above 0, "
-           "contradicted below) and the level: " + _LITTLE_RULE.format(level=f"{_level:g}")),
-          )(_component_rule(_component, _strong))
+          ("the ordering alone (margin to down and gate: as strong when its interval lies above 0, contradicted "
+           f"below): the paper's own up recovery ranges over {_UP_SPREAD} (Table 4), so no level or band holds on "
+           "all its models" if _component == "up" else
+           "two parts, both needed: the ordering (margin to down and gate: shown when its interval lies above 0, "
+           "contradicted below) and the level on the NLL scale: " + _LITTLE_RULE.format(level=f"{_level:.4f}")),
+          min_n=MIN_EXAMPLES)(_component_rule(_component, _strong))
 
 
 @claim("gate_input", QUANT_PAPER,
        "Patching only the gate's input beats restoring the gate weights",
        "6.53 vs 10.45 perplexity (Llama3-8B NF3)",
        "mean NLL with the gate weights restored minus with the gate input patched, paired bootstrap over D_large",
-       "as strong as the paper when the interval lies above 0 (a claim of direction only)")
+       "as strong as the paper when the interval lies above 0 (a claim of direction only)", min_n=MIN_EXAMPLES)
 def _gate_input(m: Measurement) -> Judgement:
     return _need(m, "diff") or signed(m.estimates["diff"], +1, "patching the gate input gives the lower loss",
                                       "restoring the gate weights gives the lower loss")
@@ -552,7 +669,17 @@ def judge(key: str, measurement: Measurement | None) -> Judgement:
         return Judgement(NOT_TESTABLE, "this report did not run the stage that measures it")
     if measurement.untestable:
         return Judgement(NOT_TESTABLE, measurement.untestable)
-    return CLAIMS[key].rule(measurement)
+    counts = [e.n for e in measurement.estimates.values() if e.n is not None and e.has_interval]
+    if counts and min(counts) < CLAIMS[key].min_n:  # the one place a small sample withholds the verdict
+        return Judgement(TOO_FEW, f"its interval rests on {min(counts)} examples; this claim needs at least "
+                                  f"{CLAIMS[key].min_n} (MIN_EXAMPLES in interp/report/reproduction.py)")
+    judgement = CLAIMS[key].rule(measurement)
+    instances = measurement.estimates.get("instances")
+    if instances is not None and instances.value < MIN_INSTANCES and judgement.verdict in CONCLUDING:
+        return Judgement(INSTANCE_LIMITED, f"{int(instances.value)} calibrated instance(s): the instance component "
+                                           f"needs at least {MIN_INSTANCES}; over the examples alone the rule reads "
+                                           f"'{judgement.verdict}' ({judgement.reason})")
+    return judgement
 
 
 COLUMNS = ["paper", "claim", "paper value", "statistic", "criterion", "measured here", "verdict", "why"]
