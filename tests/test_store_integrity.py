@@ -19,6 +19,7 @@ import torch
 
 import interp
 from interp.errors import InterpError
+from interp.io import MARKER
 from interp.quant import score
 from interp.quant.apply import INFO_FILE, WEIGHTS_FILE, cache_key, load_quantized, quantize, quantize_cached
 from interp.quant.store import ScoreStore
@@ -82,7 +83,7 @@ def test_a_mislabelled_quantized_folder_is_not_loaded_as_its_label(tiny_llama, t
     """Old failure: death between the weights rename and the label write left weights of another spec."""
     wanted = quantize_cached(tiny_llama, SPEC, cache_dir=tmp_path, progress=False)
     folder = tmp_path / cache_key(tiny_llama, SPEC, None)
-    assert sorted(p.name for p in folder.iterdir()) == [INFO_FILE, WEIGHTS_FILE]
+    assert sorted(p.name for p in folder.iterdir()) == [MARKER, INFO_FILE, WEIGHTS_FILE]
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]  # nothing half-written left behind
     imposter = quantize(tiny_llama, "rtn:bits=2,group=32", progress=False)
     from interp.quant.apply import save_quantized

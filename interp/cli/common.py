@@ -202,13 +202,21 @@ def check_cache_dir() -> None:
 
 
 def check_writable_file(path: str, option: str) -> None:
-    """``path`` is not a folder and its parent folder can be written (created if needed)."""
-    # imported on use: torch and the analyses take seconds to load; --help must not wait
-    from interp.io import ensure_writable_dir
+    """``path`` (symlinks resolved) is a new file name in a folder that can be written (created if needed).
 
-    target = Path(path)
+    An existing file is refused: interp cannot tell whether it wrote it, and it never replaces what it
+    did not write."""
+    # imported on use: torch and the analyses take seconds to load; --help must not wait
+    from interp.io import check_output_folder, ensure_writable_dir, resolve
+
+    target = resolve(path)
     if target.is_dir():
         raise ResourceError(f"{option} {path} is a folder; give a file name such as page.png.")
+    if target.exists():
+        raise ResourceError(f"{option} {path} already exists, and interp never replaces a file it did not write. "
+                            "Give a new file name (or move the old file away yourself).")
+    if not target.parent.exists():
+        check_output_folder(target.parent)  # a folder to create: never the root, home or an ancestor of this one
     try:
         ensure_writable_dir(target.parent)
     except ResourceError:
@@ -230,11 +238,24 @@ def check_data(args: argparse.Namespace) -> None:
     read_documents(args.data)
 
 
-def check_out(args: argparse.Namespace) -> None:
-    # imported on use: torch and the analyses take seconds to load; --help must not wait
-    from interp.io import ensure_writable_dir
+def out_kind(args: argparse.Namespace) -> str:
+    """The kind of output a command writes into ``--out`` (recorded in the folder's interp marker)."""
+    if args.command == "quantize":  # what save_quantized or export_compressed_tensors installs there
+        from interp.quant.apply import QUANTIZED_KIND
+        from interp.quant.export import EXPORT_KIND
 
-    ensure_writable_dir(args.out)
+        return EXPORT_KIND if getattr(args, "format", None) == "compressed-tensors" else QUANTIZED_KIND
+    return str(args.command)
+
+
+def check_out(args: argparse.Namespace) -> None:
+    """``--out`` becomes an interp output folder of this command's kind, through the one output writer
+    (:func:`interp.io.claim_folder`): a new or empty folder, or an earlier output of the same kind. A
+    non-empty folder interp did not write, the working folder, its ancestors, home and the root are refused."""
+    # imported on use: torch and the analyses take seconds to load; --help must not wait
+    from interp.io import claim_folder
+
+    claim_folder(args.out, out_kind(args))
 
 
 def set_threads(args: argparse.Namespace) -> None:

@@ -53,8 +53,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,18 +67,20 @@ from tqdm.auto import tqdm
 from interp import models
 from interp.data import Examples
 from interp.errors import ComponentError, InterpError, SpecError
-from interp.io import ensure_writable_dir, write_json
+from interp.io import ensure_writable_dir, staged_folder, write_file, write_json
 from interp.models import Model, model_hash, model_name  # model_hash is re-exported here
 from interp.quant.calibration import FEEDER_VERSION, LayerFeeder, OutOfOrder
 from interp.quant.methods import LayerInputs, quantize_weight, relative_error
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
 from interp.runtime import hooks, placement
 from interp.runtime.batching import check_examples, device_of, kernels, show_progress
+from interp.validate import checked
 
 ROLES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 # Linear layers that read the same input, in the order the forward pass reaches them.
 SHARED_INPUT_GROUPS: tuple[tuple[str, ...], ...] = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
 WEIGHTS_FILE = "quantized.safetensors"
+QUANTIZED_KIND = "quantized"  # the kind in a saved folder's interp marker (interp.io.MARKER)
 INFO_FILE = "quant.json"
 FORMAT_VERSION = 2  # 2: written whole and renamed once; the label carries the weights' SHA-256
 
@@ -200,6 +200,7 @@ def _check_modules(model: Model, spec: MethodSpec) -> None:
                         f"modules are LAYER.ROLE with LAYER 0..{n - 1} and ROLE one of {', '.join(roles)}")
 
 
+@checked
 def quantize(
     model: Model,
     spec: str | MethodSpec,
@@ -433,6 +434,7 @@ def _label(qmodel: Model, reference: Model, info: QuantInfo) -> None:
 # Saving and loading
 
 
+@checked
 def save_quantized(model: Model, path: str | os.PathLike[str], info: QuantInfo | None = None) -> Path:
     """Write a quantized model's block weights (safetensors) and its :class:`QuantInfo` (JSON).
 
@@ -440,9 +442,11 @@ def save_quantized(model: Model, path: str | os.PathLike[str], info: QuantInfo |
     :mod:`interp.quant.inplace`); by default it is ``model.quant_info``.
 
     Only the quantized weights are written (the rest equals the reference). The folder is
-    written whole into a temporary sibling and renamed into place once, so ``path`` is either
-    absent, the previous folder, or complete; never weights of one spec under the label of
-    another. The JSON records the weights file's size and SHA-256, checked on load.
+    written whole into a temporary sibling and renamed into place once (through
+    :func:`interp.io.staged_folder`), so ``path`` is either absent, the previous folder, or complete;
+    never weights of one spec under the label of another. The JSON records the weights file's size
+    and SHA-256, checked on load. An existing ``path`` must be empty or an earlier saved quantized
+    model: a folder with other files is refused, and files interp did not write are never removed.
 
     Example:
         >>> import pathlib, tempfile
@@ -450,30 +454,36 @@ def save_quantized(model: Model, path: str | os.PathLike[str], info: QuantInfo |
         >>> from interp.quant import quantize, save_quantized
         >>> qmodel = quantize(interp.tiny_model("llama"), "rtn:bits=4,group=32", progress=False)
         >>> folder = save_quantized(qmodel, pathlib.Path(tempfile.mkdtemp()) / "rtn4")
-        >>> sorted(p.name for p in folder.iterdir())
-        ['quant.json', 'quantized.safetensors']
+        >>> sorted(p.name for p in folder.iterdir())  # the first marks the folder as interp's (interp.io)
+        ['.interp-output.json', 'quant.json', 'quantized.safetensors']
     """
     info = info if info is not None else getattr(model, "quant_info", None)
     if info is None:
         raise InterpError("save_quantized needs a model returned by interp.quant.quantize (it has no quant_info).")
     out = Path(path)
-    parent = ensure_writable_dir(out.parent)
     tensors = {}
     for layer in range(hooks.n_layers(model)):
         with placement.onloaded(model, [layer]):  # an offloaded block's weights come to memory to be written
             tensors.update({f"{layer}.{role}": slot.read().detach().cpu().contiguous()
                             for role, slot in hooks.linear_weights(model, layer).items()})
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=parent))
-    try:
-        save_file(tensors, str(tmp / WEIGHTS_FILE))
-        record = {"format": FORMAT_VERSION, "weights_bytes": (tmp / WEIGHTS_FILE).stat().st_size,
-                  "weights_sha256": _file_sha256(tmp / WEIGHTS_FILE), **info.to_dict()}
+    with staged_folder(out, QUANTIZED_KIND, adopt=_is_saved_quantized) as tmp:
+        weights = write_file(tmp / WEIGHTS_FILE, lambda p: save_file(tensors, str(p)))
+        record = {"format": FORMAT_VERSION, "weights_bytes": weights.stat().st_size,
+                  "weights_sha256": _file_sha256(weights), **info.to_dict()}
         write_json(tmp / INFO_FILE, record)
-        _replace_folder(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
+
+
+def _is_saved_quantized(folder: Path) -> bool:
+    """A folder :func:`save_quantized` wrote before output folders carried interp's marker: its
+    ``quant.json`` is interp's record, and it holds nothing else but the weights."""
+    try:
+        record = json.loads((folder / INFO_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    own = {INFO_FILE, WEIGHTS_FILE}
+    return (isinstance(record, dict) and record.get("format") == FORMAT_VERSION and "reference_hash" in record
+            and all(p.name in own for p in folder.iterdir()))
 
 
 def _file_sha256(path: Path) -> str:
@@ -482,17 +492,6 @@ def _file_sha256(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 22), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _replace_folder(new: Path, target: Path) -> None:
-    """Put the complete folder ``new`` at ``target`` with one rename (an old ``target`` is moved aside first)."""
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}-{time.monotonic_ns()}")
-        os.replace(target, old)
-    os.replace(new, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def read_quant_info(path: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -539,6 +538,7 @@ def _info_from_record(record: dict[str, Any]) -> QuantInfo:
     return QuantInfo(**{k: v for k, v in record.items() if k in fields})
 
 
+@checked
 def load_quantized(reference: Model, path: str | os.PathLike[str]) -> Any:
     """A copy of ``reference`` carrying the quantized weights saved in ``path``.
 
@@ -618,6 +618,7 @@ def cache_key(reference: Model, spec: str | MethodSpec, calibration: Examples | 
     return f"{spec.method}{spec.bits}{mixed}-g{spec.group}-{key}"
 
 
+@checked
 def quantize_cached(
     reference: Model,
     spec: str | MethodSpec,

@@ -52,8 +52,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,6 +72,7 @@ __all__ = ["EXPORT_FORMATS", "GroupGrid", "check_exportable", "export_compressed
 EXPORT_FORMATS = ("interp", "compressed-tensors")
 PACKED = "pack-quantized"
 UNPACKED = "int-quantized"
+EXPORT_KIND = "export-compressed-tensors"  # the kind in an export folder's interp marker (interp.io.MARKER)
 
 
 @dataclass(frozen=True)
@@ -257,7 +256,9 @@ def export_compressed_tensors(qmodel: Model, reference: Model, folder: str | os.
     The folder holds ``config.json`` (with a ``quantization_config``), ``model.safetensors``
     and the tokenizer. Only the block linear weights are quantized; embeddings, norms and
     the unembedding are stored as they are. The folder is written into a temporary sibling
-    and renamed into place once complete.
+    and renamed into place once complete (:func:`interp.io.staged_folder`). An existing ``folder``
+    must be empty or an earlier export: a folder holding other files is refused, and files interp
+    did not write are never removed.
 
     Args:
         qmodel: the quantized model (it carries ``quant_info``).
@@ -277,7 +278,7 @@ def export_compressed_tensors(qmodel: Model, reference: Model, folder: str | os.
     """
     from safetensors.torch import load_file, save_file
 
-    from interp.io import ensure_writable_dir
+    from interp.io import remove_temp, staged_folder, write_file, write_text
     from interp.models import export_hf
 
     info = getattr(qmodel, "quant_info", None)
@@ -293,29 +294,21 @@ def export_compressed_tensors(qmodel: Model, reference: Model, folder: str | os.
         raise SpecError(f"{PACKED} stores integer zero-points only, and {spec} has float ones: use "
                         f"{UNPACKED}, or quantize with rtn:...,zero=int.")
     out = Path(folder)
-    parent = ensure_writable_dir(out.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=parent))
-    try:
+    with staged_folder(out, EXPORT_KIND) as tmp:
         export_hf(qmodel, tmp)
         tensors: dict[str, Tensor] = {}
         for path in sorted(tmp.glob("*.safetensors")):
             tensors.update(load_file(str(path)))
-            path.unlink()
+            remove_temp(path)
         for name, grid in grids.items():
             del tensors[f"{name}.weight"]
             tensors.update({f"{name}.{key}": value for key, value in _tensors(grid, layout).items()})
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
+        flat = {k: v.contiguous() for k, v in tensors.items()}
+        write_file(tmp / "model.safetensors", lambda p: save_file(flat, str(p), metadata={"format": "pt"}))
         for index in tmp.glob("*.safetensors.index.json"):
-            index.unlink()
+            remove_temp(index)
         config = json.loads((tmp / "config.json").read_text())
         targets = {name: grid.bits for name, grid in grids.items()}
         config["quantization_config"] = quantization_config(spec, layout, targets, integer_zero)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        write_text(tmp / "config.json", json.dumps(config, indent=2))
     return out
