@@ -55,7 +55,7 @@ def test_report_outputs(quick_report):
     assert results["reference"].startswith("GGUF Q4_1 dequantized to fp32")
     assert "Reference model: GGUF Q4_1 dequantized to fp32" in page
     shown = {row["verdict"] for row in results["reproduction"]}
-    css = {"as strong as the paper": "verdict-strong", "consistent with the paper": "verdict-consistent",
+    css = {"as strong as the paper": "verdict-strong", "present; level not resolved": "verdict-consistent",
            "weaker than the paper": "verdict-weaker", "not shown": "verdict-notshown",
            "contradicted": "verdict-contradicted", "not testable here": "verdict-untestable",
            "by construction": "verdict-construction"}

@@ -97,7 +97,7 @@ figure.fig{margin:14px 0}figure.fig figcaption{font-size:13px;color:#444;padding
 """
 
 
-VERDICT_CLASS = {"as strong as the paper": "verdict-strong", "consistent with the paper": "verdict-consistent",
+VERDICT_CLASS = {"as strong as the paper": "verdict-strong", "present; level not resolved": "verdict-consistent",
                  "weaker than the paper": "verdict-weaker", "not shown": "verdict-notshown",
                  "contradicted": "verdict-contradicted", "not testable here": "verdict-untestable",
                  "by construction": "verdict-construction"}
