@@ -8,6 +8,10 @@ The common verbs are one dot away; each is the function at its deep path, loaded
   (:func:`interp.quant.store.score`);
 - ``interp.logit_lens`` (:func:`interp.localize.lens.early_exit`);
 - ``interp.patch`` (:func:`interp.localize.patching.engine.patch`);
+- circuits on your own prompt, prompts and answers as plain strings: ``interp.dla``
+  (:func:`interp.localize.circuit.dla`), ``interp.eap`` (:func:`interp.localize.circuit.eap`),
+  ``interp.path_patch`` (:func:`interp.localize.circuit.path_patch`) and all three in order,
+  ``interp.circuit`` (:func:`interp.localize.circuit.circuit`);
 - ``interp.analyze_attention`` (:func:`interp.attention.analysis.analyze`);
 - ``interp.report(out, ...)``: the HTML report (:func:`interp.report.report`); ``interp.report``
   is also the package, so ``interp.report.run_report`` and the other deep paths keep working.
@@ -36,6 +40,10 @@ _LAZY = {
     "patch": "interp.localize.patching.engine",
     "logit_lens": "interp.localize.lens",
     "analyze_attention": "interp.attention.analysis",
+    "dla": "interp.localize.circuit",
+    "eap": "interp.localize.circuit",
+    "path_patch": "interp.localize.circuit",
+    "circuit": "interp.localize.circuit",
 }
 _RENAMED = {"logit_lens": "early_exit", "analyze_attention": "analyze"}
 _SUBMODULES = {"attention", "quant", "localize", "runtime", "probes", "figures", "report", "stats", "data", "models",

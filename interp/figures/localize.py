@@ -28,6 +28,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from interp.figures.style import PALETTE, heatmap, styled
+from interp.localize.circuit import Circuit
 from interp.localize.dla import LogitAttribution
 from interp.localize.eap import EdgeAttribution
 from interp.localize.lens import EarlyExitCurves, EarlyExitResult
@@ -139,21 +140,29 @@ def recovery_intervals(labels: Sequence[str], point: Sequence[float], low: Seque
     return _clip_recovery_axis(styled(fig, title, "", "recovery (%)"), values)
 
 
-def patching_positions(result: PatchResult) -> go.Figure:
-    """Layer x position heatmap of the recovery: for per-position patches (e.g. clean/corrupt)."""
+def patching_positions(result: PatchResult, tokens: Sequence[str] | None = None) -> go.Figure:
+    """Layer x position heatmap of the recovery: for per-position patches (e.g. clean/corrupt).
+
+    With ``tokens`` (the prompt's tokens as strings, position 0 first), positions are labelled by
+    their tokens (:func:`token_labels`); otherwise by number."""
     table = result.table()
     grid = table.pivot_table(index="layers", columns="positions", values="recovery", sort=False, dropna=False)
-    return heatmap(grid.to_numpy(), grid.columns, grid.index,
+    columns = list(grid.columns)
+    if tokens is not None:
+        labels = token_labels(tokens)
+        columns = [labels[int(c)] if str(c).lstrip("-").isdigit() and -len(labels) <= int(c) < len(labels) else c
+                   for c in columns]
+    return heatmap(grid.to_numpy(), columns, grid.index,
                    f"Patching {', '.join(table['component'].unique())} by layer and position", "position", "layer",
                    colorbar="recovery", colorscale="RdBu", zmid=0)
 
 
-def patching(result: PatchResult) -> go.Figure:
+def patching(result: PatchResult, tokens: Sequence[str] | None = None) -> go.Figure:
     """The fitting figure for a :class:`~interp.localize.patching.PatchResult`: a layer x
-    position heatmap when patches name positions, recovery by layer for single-layer sweeps,
-    bars otherwise."""
+    position heatmap when patches name positions (labelled by ``tokens`` when given), recovery
+    by layer for single-layer sweeps, bars otherwise."""
     if any(p.positions is not None for p in result.patches):
-        return patching_positions(result)
+        return patching_positions(result, tokens)
     if all(len(p.layers) == 1 and p.heads is None for p in result.patches):
         return patching_sweep(result)
     return patching_bars(result)
@@ -185,16 +194,59 @@ DRAWERS: dict[type, Callable[..., go.Figure]] = {
 
 
 # ---------------------------------------------------------------------------------------
-# Circuits
+# Circuits: positions labelled by their tokens, answers by their strings
+
+
+def token_labels(tokens: Sequence[str]) -> list[str]:
+    """Axis labels for a prompt's positions: each token as written, its spaces trimmed (a line break shown
+    as ``↵``, a token of spaces alone as ``␣``), and a token that occurs more than once suffixed with its
+    position (``Paris·3``), so that no two positions share a label (plotly would merge them).
+
+    Example:
+        >>> token_labels(["<s>", " Paris", " is", " Paris", " "])
+        ['<s>', 'Paris·1', 'is', 'Paris·3', '␣']
+    """
+    shown = [t.replace("\n", "↵").strip() or "␣" for t in tokens]
+    counts: dict[str, int] = {}
+    for label in shown:
+        counts[label] = counts.get(label, 0) + 1
+    return [f"{label}·{i}" if counts[label] > 1 else label for i, label in enumerate(shown)]
+
+
+def answer_label(settings: Mapping[str, Any], what: str = "logit") -> str:
+    """``logit(' Paris') - logit(' Rome')`` from a result's answer strings (``answer_text``, ``wrong_text``),
+    or ``logit(answer) - logit(wrong)`` when the prompts have different answers or none were given as text.
+
+    Example:
+        >>> answer_label({"answer_text": [" Paris"], "wrong_text": [" Rome"]})
+        "logit(' Paris') − logit(' Rome')"
+    """
+    def one(key: str, fallback: str) -> str:
+        texts = settings.get(key) or []
+        return f"{what}({texts[0]!r})" if texts and len(set(texts)) == 1 else f"{what}({fallback})"
+
+    if "answer_text" not in settings:
+        return "logit difference" if settings.get("versus") is not None else what
+    if "wrong_text" not in settings:
+        return one("answer_text", "answer")
+    return f"{one('answer_text', 'answer')} − {one('wrong_text', 'wrong')}"
 
 
 def logit_attribution(result: LogitAttribution, title: str | None = None) -> go.Figure:
-    """Direct logit attribution: layer x head heatmap of each head's mean contribution (diverging at 0)."""
+    """Direct logit attribution: layer x head heatmap of each head's mean contribution (diverging at 0),
+    the answers named by their strings when they were given as text (:func:`interp.dla`)."""
     grid = result.head_means().numpy()
-    what = "logit difference" if result.settings.get("versus") is not None else "logit"
+    what = answer_label(result.settings)
+    n = len(result.ids)
     return heatmap(grid, list(range(grid.shape[1])), list(range(grid.shape[0])),
-                   title or f"Direct logit attribution per head (frozen final norm), mean over {len(result.ids)} "
-                   "prompts", "head", "layer", colorbar=what, colorscale="RdBu", zmid=0.0)
+                   title or f"Direct logit attribution of {what} per head (frozen final norm), mean over {n} "
+                   f"prompt{'s' if n != 1 else ''}", "head", "layer", colorbar=_short(what), colorscale="RdBu",
+                   zmid=0.0)
+
+
+def _short(label: str) -> str:
+    """A colorbar title: the label broken before its minus sign, so it fits beside the heatmap."""
+    return label.replace(" − ", "<br>− ")
 
 
 DRAWERS[LogitAttribution] = logit_attribution
@@ -224,8 +276,10 @@ def top_edges(table: Any, k: int = 15, title: str | None = None) -> go.Figure:
 def edge_attribution(result: EdgeAttribution, k: int = 15) -> go.Figure:
     """The ``k`` largest edges of an :class:`~interp.localize.eap.EdgeAttribution` (mean score over examples)."""
     kind = "EAP" if result.settings.get("ig_steps", 1) == 1 else f"EAP-IG ({result.settings['ig_steps']} steps)"
-    return top_edges(result.table(), k, f"{kind}: the {min(k, len(result.table()))} largest edges, mean over "
-                     f"{len(result.ids)} prompts ({result.metric})")
+    metric = answer_label(result.settings) if "answer_text" in result.settings else result.metric
+    fig = top_edges(result.table(), k, f"{kind}: the {min(k, len(result.table()))} largest edges, mean over "
+                    f"{len(result.ids)} prompts ({metric})")
+    return fig.update_xaxes(title=f"estimated change of {metric}")
 
 
 def path_patching(result: PathPatchResult) -> go.Figure:
@@ -236,8 +290,9 @@ def path_patching(result: PathPatchResult) -> go.Figure:
         through = "the logits (direct path)"
     else:
         through = ", ".join(f"{kind} {layer}.{head}" for layer, head, kind in receivers)
+    metric = answer_label(result.settings) if "answer_text" in result.settings else result.metric
     fig = go.Figure(go.Bar(x=table["sender"], y=table["effect"], marker_color=PALETTE[0]))
-    return styled(fig, f"Path patching through {through}", "sender", f"mean change of {result.metric}")
+    return styled(fig, f"Path patching through {through}", "sender", f"mean change of {metric}")
 
 
 def estimate_vs_exact(labels: Sequence[str], estimate: Sequence[float], exact: Sequence[float],
@@ -261,3 +316,44 @@ def estimate_vs_exact(labels: Sequence[str], estimate: Sequence[float], exact: S
 
 DRAWERS[EdgeAttribution] = edge_attribution
 DRAWERS[PathPatchResult] = path_patching
+
+
+def circuit_confirmation(result: Circuit) -> go.Figure:
+    """EAP's top edges of a :class:`~interp.localize.circuit.Circuit`, its estimate beside the exact
+    path-patching effect, in EAP's order."""
+    table = result.confirmed
+    what = answer_label({"answer_text": result.answer_text, "wrong_text": result.wrong_text})
+    agree = int(table["agree"].sum())
+    return estimate_vs_exact(table["edge"], table["eap"], table["path_patching"],
+                             title=f"The top {len(table)} EAP edges against exact path patching ({agree} of "
+                             f"{len(table)} agree in sign)", y=f"change of {what}")
+
+
+def circuit_attention(result: Circuit) -> go.Figure:
+    """Where the movers look: each mover head's attention from the last token over the first clean
+    prompt's tokens (positions labelled by their tokens, :func:`token_labels`)."""
+    table = result.attention
+    labels = token_labels(result.tokens)
+    heads = list(dict.fromkeys(table["head"]))
+    grid = np.array([table.loc[table["head"] == h, "weight"].to_numpy() for h in heads]).reshape(len(heads), -1)
+    fig = heatmap(grid, labels[: grid.shape[1]], heads, f"Attention of the top heads from the last token "
+                  f"({labels[-1] if labels else ''})", "attended token", "", colorbar="attention")
+    fig.update_xaxes(tickangle=-40, automargin=True, type="category")
+    return fig.update_yaxes(type="category", automargin=True)
+
+
+def circuit_figures(result: Circuit, k: int = 15) -> dict[str, go.Figure]:
+    """Every figure of a :class:`~interp.localize.circuit.Circuit` by name: ``dla_heads``, ``edges``,
+    ``confirmed`` and, when there are movers, ``attention``."""
+    what = answer_label({"answer_text": result.answer_text, "wrong_text": result.wrong_text})
+    figures = {"dla_heads": logit_attribution(result.dla),
+               "edges": top_edges(result.edges, k, f"EAP: the {min(k, len(result.edges))} largest of "
+                                  f"{len(result.edges)} edges ({what})").update_xaxes(
+                                      title=f"estimated change of {what}"),
+               "confirmed": circuit_confirmation(result)}
+    if len(result.attention):
+        figures["attention"] = circuit_attention(result)
+    return figures
+
+
+DRAWERS[Circuit] = circuit_confirmation
