@@ -13,6 +13,8 @@ The common verbs are one dot away; each is the function at its deep path, loaded
   ``interp.path_patch`` (:func:`interp.localize.circuit.path_patch`) and all three in order,
   ``interp.circuit`` (:func:`interp.localize.circuit.circuit`);
 - ``interp.analyze_attention`` (:func:`interp.attention.analysis.analyze`);
+- the toolbox (docs/toolbox.md): ``interp.ablate``, ``interp.patch_heatmap``, ``interp.lens_top_tokens``,
+  ``interp.attention_view``, ``interp.linear_probe``, ``interp.steer`` and ``interp.steering_vector``;
 - ``interp.report(out, ...)``: the HTML report (:func:`interp.report.report`); ``interp.report``
   is also the package, so ``interp.report.run_report`` and the other deep paths keep working.
 """
@@ -40,6 +42,14 @@ _LAZY = {
     "patch": "interp.localize.patching.engine",
     "logit_lens": "interp.localize.lens",
     "analyze_attention": "interp.attention.analysis",
+    # the toolbox (docs/toolbox.md)
+    "ablate": "interp.localize.ablation",
+    "patch_heatmap": "interp.localize.heatmaps",
+    "lens_top_tokens": "interp.localize.top_tokens",
+    "attention_view": "interp.figures.toolbox",
+    "linear_probe": "interp.localize.linear_probe",
+    "steer": "interp.localize.steering",
+    "steering_vector": "interp.localize.steering",
     "dla": "interp.localize.circuit",
     "eap": "interp.localize.circuit",
     "path_patch": "interp.localize.circuit",

@@ -1,8 +1,9 @@
 """The confirmatory protocol (interp.report.confirm): pre-registration checks, held-out examples, the
-hierarchical bootstrap against a naive loop, and the whole run and analysis on a tiny random model."""
+crossed-design statistics against naive loops, and the whole run and analysis on a tiny random model."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -46,11 +47,26 @@ def test_fingerprint_is_stable_and_changes_with_a_criterion(monkeypatch):
     assert confirm.criteria_fingerprint() != first
 
 
+def test_fingerprint_binds_the_code_of_rules_and_statistics(monkeypatch):
+    """Same text and constants, different behaviour: a rule's code or a statistic's code changes the fingerprint."""
+    first = confirm.criteria_fingerprint()
+
+    def other_interval(samples, level=0.95):  # the percentile interval, written differently
+        return tuple(np.percentile(samples, [50 - 50 * level, 50 + 50 * level]))
+
+    monkeypatch.setattr(confirm.pr, "interval", other_interval)
+    assert confirm.criteria_fingerprint() != first
+    monkeypatch.undo()
+    claim = rp.CLAIMS["kurtosis"]
+    monkeypatch.setitem(rp.CLAIMS, "kurtosis", dataclasses.replace(claim, rule=lambda m: rp.judge("gate_input", m)))
+    assert confirm.criteria_fingerprint() != first
+
+
 def test_preregistration_is_checked(tmp_path, corpus):
     p = confirm.Preregistration.load(_prereg(tmp_path, corpus))
     p.check_criteria()
     assert len(p.sha256) == 64
-    with pytest.raises(InterpError, match="criteria changed after pre-registration"):
+    with pytest.raises(InterpError, match="changed after pre-registration"):
         confirm.Preregistration.load(_prereg(tmp_path, corpus, criteria="0" * 64)).check_criteria()
     with pytest.raises(InterpError, match="at least 3 calibrated instances"):
         confirm.Preregistration.load(_prereg(tmp_path, corpus, calibration_seeds=[1, 2]))
@@ -63,10 +79,22 @@ def test_preregistration_is_checked(tmp_path, corpus):
 
 
 def test_committed_preregistration_matches_the_rules():
-    """The registered fingerprint is today's: the rules did not change after registration."""
-    p = confirm.Preregistration.load(confirm.PREREG_DIR / "smollm2-confirmatory-1.json")
+    """Registration 2's fingerprint is today's: neither the rules nor the statistics changed after it."""
+    p = confirm.Preregistration.load(confirm.PREREG_DIR / "smollm2-confirmatory-2.json")
     p.check_criteria()
-    assert p.n >= 512 and len(p.calibration_seeds) >= 3 and p.min_d_large >= 50
+    assert len(p.calibration_seeds) - 1 >= 5  # instance 0 selects, at least 5 are measured
+    assert p.exclude_preregistrations == ("smollm2-confirmatory-1",)
+
+
+def test_registration_1_is_kept_and_refused_by_todays_code(tmp_path):
+    """Registration 1 stays as it was (its column was judged under its rules), and neither a run nor an analysis
+    under today's rules accepts it."""
+    p = confirm.Preregistration.load(confirm.PREREG_DIR / "smollm2-confirmatory-1.json")
+    summary = json.loads((confirm.REPO / "docs" / "data" / "reproduction" / "smollm2-confirmatory-1" / "summary.json")
+                         .read_text())
+    assert summary["criteria"] == p.criteria and summary["preregistration_sha256"] == p.sha256
+    with pytest.raises(InterpError, match="changed after pre-registration"):
+        confirm.analyse(p, tmp_path)
 
 
 def test_heldout_examples_avoid_every_earlier_prefix(tmp_path, corpus):
@@ -78,23 +106,23 @@ def test_heldout_examples_avoid_every_earlier_prefix(tmp_path, corpus):
     assert len(set(held.ids)) == 40
 
 
-def test_hierarchical_bootstrap_against_a_loop():
+def test_vectorised_recovery_and_margin_match_a_loop():
+    """The patching statistics on a [B, n] row array equal the same formula per row set (float64, same sums)."""
     rng = np.random.default_rng(1)
-    data = [{"x": rng.normal(size=n)} for n in (7, 9, 8)]
-
-    def mean(d, rows):
-        return float(np.asarray(d["x"])[rows].mean())
-
-    est = confirm.hierarchical(data, mean, n_boot=40, seed=3)
-    loop_rng = np.random.default_rng(3)
-    boot = []
-    for _ in range(40):
-        drawn = loop_rng.integers(0, 3, size=3)
-        boot.append(np.mean([data[i]["x"][loop_rng.integers(0, len(data[i]["x"]), size=len(data[i]["x"]))].mean()
-                             for i in drawn]))
-    low, high = np.percentile(boot, [2.5, 97.5])
-    assert est.value == pytest.approx(np.mean([d["x"].mean() for d in data]), abs=1e-12)
-    assert (est.low, est.high) == pytest.approx((low, high), abs=1e-12)
+    n = 12
+    data = {"target": rng.normal(3, 0.3, n), "source": rng.normal(2, 0.3, n),
+            "patched": {c: rng.normal(2.5, 0.3, n) for c in ("down", "gate", "up", "attn_out")},
+            "gate_input": rng.normal(2.4, 0.3, n), "gate_weights_restored": rng.normal(2.9, 0.3, n)}
+    rows = rng.integers(0, n, size=(5, n))
+    got = confirm._recovery(data, rows, "gate")
+    for b, r in enumerate(rows):
+        t, s_, v = data["target"][r].mean(), data["source"][r].mean(), data["patched"]["gate"][r].mean()
+        assert got[b] == pytest.approx((t - v) / (t - s_), abs=1e-12)
+    claims, table = confirm._patch_claims([data, data], n_boot=30, seed=0)
+    down = claims["patch_down"]
+    assert down.estimates["instances"].value == 2
+    assert rp.judge("patch_down", down).verdict == rp.INSTANCE_LIMITED
+    assert table.loc[0, "between_instance_sd"] == 0.0
 
 
 @pytest.mark.slow
@@ -108,7 +136,7 @@ def test_run_and_analyse_on_a_tiny_model(tmp_path, corpus, monkeypatch):
     files = sorted(x.name for x in (out / "localize").iterdir())
     assert files == ["early_exit#1.json", "early_exit#2.json", "norms.json", "patching#1.json", "patching#2.json",
                      "restoration#1.json", "restoration#2.json", "reversal#1.json", "reversal#2.json",
-                     "reversal_all#1.json"]
+                     "reversal_all#1.json", "reversal_all#2.json"]
     assert len(list((out / "token_nll").iterdir())) == 1 + 1 + 2 * 3
     stamps = {x: x.stat().st_mtime_ns for x in out.rglob("*.json") if x.parent.name == "localize"}
     confirm.run(p, out, progress=False)  # resumes: nothing recomputed

@@ -26,7 +26,7 @@ from typing import Any
 from interp.errors import InterpError
 from interp.figures.style import LAYOUT, PALETTE, band_lines, export_static, heatmap, lines, styled
 
-FAMILIES = ("attention", "probes", "quant", "localize", "training", "prescribe")
+FAMILIES = ("attention", "probes", "quant", "localize", "training", "prescribe", "toolbox")
 
 __all__ = ["FAMILIES", "LAYOUT", "PALETTE", "band_lines", "draw", "drawer", "export_static", "heatmap", "lines",
            "styled"]

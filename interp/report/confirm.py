@@ -5,9 +5,10 @@ and its D_large is chosen and measured on one quantized model. This module runs 
 protocol that a referee asks for, fixed in a pre-registration file committed before the data:
 
 1. **Pre-registration.** ``docs/preregistration/<name>.json`` states the model, the data split, n,
-   the calibrated instances, the selection rule, the analysis choices, and the fingerprint of every
-   claim's criterion (:func:`criteria_fingerprint`). A run refuses to start when the criteria in the
-   code no longer match the file, and its results carry the file's SHA-256.
+   the calibrated instances, the selection rule, the analysis choices, and the fingerprint of the
+   rules: every claim's criterion and the source code of the rules and of the statistics they read
+   (:func:`criteria_fingerprint`). A run, and an analysis, refuse to start when the fingerprint of the
+   code no longer matches the file, and the results carry the file's SHA-256.
 2. **Held-out documents** (:func:`heldout_examples`): evaluation-split documents that no earlier
    run used. Every earlier run drew its examples as a prefix of the seed-0 order of the eligible
    documents at some sequence length; the first ``exclude_prefix`` documents of that order at each
@@ -18,9 +19,12 @@ protocol that a referee asks for, fixed in a pre-registration file committed bef
 4. **Selection apart from measurement.** D_large and D_ctrl are picked from instance 0's error of
    the patched method; patching, restoration, early exit and the reversal are measured on the other
    instances, whose weights never saw that selection.
-5. **Intervals over instances and examples** (:func:`hierarchical`): each resample draws instances
-   with replacement, then examples within each drawn instance, and averages the statistic over the
-   drawn instances. Agreement resamples which instance of each calibrated method enters a pair.
+5. **Intervals that match the design** (:func:`interp.stats.crossed_bootstrap`): every measured
+   instance sees the same D_large, so instances and examples are crossed. One example resample is
+   shared by all instances (the example component); the between-instance spread over the number of
+   instances is the instance component, reported on its own; the interval is a t interval on both.
+   With fewer than 3 instances the verdict is "instance-limited". Agreement resamples which instance
+   of each calibrated method enters a pair.
 
 The run (:func:`run`) writes raw per-example data as it goes (parquet and JSON, resumable after a
 kill at the granularity of one scored model or one localization step); the analysis
@@ -34,6 +38,7 @@ import argparse
 import functools
 import gc
 import hashlib
+import inspect
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -48,7 +53,7 @@ import torch
 from interp import stats
 from interp.data import Examples, load_examples
 from interp.errors import InterpError
-from interp.io import write_json
+from interp.io import write_file, write_json
 from interp.localize.patching import gate_input_vs_gate_weights, patching_table
 from interp.localize.restoration import restoration_sweep
 from interp.localize.tuned_lens import tuned_early_exit, tuned_lens_cached
@@ -72,10 +77,27 @@ STRONG, WEAK = ("down", "gate"), ("up", "attn_out")
 # The pre-registration
 
 
-def criteria_fingerprint() -> str:
-    """SHA-256 of every claim's statistic and criterion text and of the rule constants (levels, thresholds).
+def _judging_functions() -> list[Callable[..., Any]]:
+    """The code a verdict depends on: every claim's rule, the rule builders they call, and the statistics that
+    compute what the rules read (their source text enters :func:`criteria_fingerprint`)."""
+    rules = [c.rule for c in rp.CLAIMS.values()]
+    builders = [rp.judge, rp._need, rp.present_at_level, rp.in_band, rp.signed, rp.both, rp.agreeing, rp._with_ppl,
+                rp._ordering, rp._component_rule, rp._share_key, rp._training_testable, rp._underpowered,
+                rp.seeds_for_power, rp.nll_recovery, rp.ppl_recovery]
+    statistics = [stats.crossed_bootstrap, stats.bootstrap_indices, stats.block_bootstrap_means,
+                  stats._rowwise_pearson, stats.jaccard, stats.top_count, stats.expected_random_jaccard,
+                  pr.estimate, pr.interval, pr.split_index, pr.noise_ceiling, pr.pair_agreement, pr.self_agreement,
+                  _crossed, _each, _recovery, _patch_claims, _restoration_claims, _early_exit_claims,
+                  _reversal_claims, _h_mse_counts, analyse]
+    return rules + builders + statistics
 
-    Any change to how a claim is judged changes this value, so a pre-registration pins the rules.
+
+def criteria_fingerprint() -> str:
+    """SHA-256 of the rules: every claim's statistic and criterion text, the rule constants (levels,
+    thresholds), and the source code of the rules and of the statistics they read (:func:`_judging_functions`).
+
+    Any change to how a claim is measured or judged changes this value, so a pre-registration pins the
+    behaviour, not only its description; :func:`run` and :func:`analyse` refuse a registration it does not match.
     """
     def numeric(value: Any) -> bool:
         if isinstance(value, dict):
@@ -83,8 +105,10 @@ def criteria_fingerprint() -> str:
         return isinstance(value, (int, float, tuple)) and not isinstance(value, bool)
 
     constants = {k: getattr(rp, k) for k in sorted(dir(rp)) if k.isupper() and numeric(getattr(rp, k))}
+    constants["MIN_INSTANCES"] = stats.MIN_INSTANCES
     claims = [(c.key, c.statistic, c.criterion) for c in rp.CLAIMS.values()]
-    text = json.dumps({"claims": claims, "constants": constants}, sort_keys=True, default=str)
+    code = [f"{f.__module__}.{f.__qualname__}\n{inspect.getsource(f)}" for f in _judging_functions()]
+    text = json.dumps({"claims": claims, "constants": constants, "code": code}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -112,7 +136,10 @@ class Preregistration:
     split_fractions: tuple[float, ...]
     batch_size: int
     criteria: str
+    exclude_preregistrations: tuple[str, ...] = ()  # earlier registrations whose held-out documents stay unused
     sha256: str = ""
+
+    OPTIONAL = ("exclude_preregistrations",)
 
     @classmethod
     def load(cls, path: str | Path) -> "Preregistration":
@@ -121,7 +148,7 @@ class Preregistration:
             d = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InterpError(f"{path} is not a pre-registration JSON file ({exc}).") from None
-        fields = [f for f in cls.__dataclass_fields__ if f != "sha256"]
+        fields = [f for f in cls.__dataclass_fields__ if f != "sha256" and (f in d or f not in cls.OPTIONAL)]
         missing = [f for f in fields if f not in d]
         if missing:
             raise InterpError(f"{path} lacks the pre-registration field(s) {', '.join(missing)}.")
@@ -138,9 +165,10 @@ class Preregistration:
         """Refuse to run when the claims' rules changed after the pre-registration."""
         now = criteria_fingerprint()
         if now != self.criteria:
-            raise InterpError(f"The claims' criteria changed after pre-registration {self.name} (registered "
-                              f"{self.criteria[:12]}, now {now[:12]}): a confirmatory run must use the registered "
-                              "rules. Register a new file instead of editing this one.")
+            raise InterpError(f"The claims' criteria or the code that computes and judges them changed after "
+                              f"pre-registration {self.name} (registered {self.criteria[:12]}, now {now[:12]}): a "
+                              "confirmatory run and its analysis must use the registered rules. Register a new file "
+                              "instead of editing this one.")
 
 
 def heldout_examples(tokenizer: Any, p: Preregistration) -> Examples:
@@ -152,6 +180,8 @@ def heldout_examples(tokenizer: Any, p: Preregistration) -> Examples:
         except InterpError:
             continue
         used.update(earlier.ids[:p.exclude_prefix])
+    for name in p.exclude_preregistrations:
+        used.update(heldout_examples(tokenizer, Preregistration.load(PREREG_DIR / f"{name}.json")).ids)
     pool = load_examples(p.data, tokenizer, n=None, seq_len=p.seq_len, seed=p.seed, split="eval")
     keep = [i for i, doc in enumerate(pool.ids) if doc not in used]
     if len(keep) < p.n:
@@ -194,9 +224,7 @@ class _Folder:
     def save_tokens(self, label: str, values: np.ndarray, ids: list[str]) -> None:
         frame = pd.DataFrame(values.astype(np.float64), index=ids, columns=[f"t{j}" for j in range(values.shape[1])])
         frame.attrs = {}
-        tmp = self.token_path(label).with_suffix(".tmp")
-        frame.assign(label=label).to_parquet(tmp)
-        tmp.replace(self.token_path(label))
+        write_file(self.token_path(label), lambda tmp: frame.assign(label=label).to_parquet(tmp))
 
     def tokens(self, label: str) -> np.ndarray:
         frame = pd.read_parquet(self.token_path(label))
@@ -262,7 +290,7 @@ def run(p: Preregistration, out: str | Path, progress: bool | None = None) -> Pa
     lens = tuned_lens_cached(model, calibrations[0], cache_dir() / "tuned_lens", batch_size=bs, progress=progress)
     for instance in range(1, len(p.calibration_seeds)):
         _localize(folder, p, model, split, calibrations[instance], instance, lens, progress,
-                  everything=examples if instance == 1 else None)
+                  everything=examples)
     return folder.out
 
 
@@ -346,25 +374,21 @@ def _errors(folder: _Folder, p: Preregistration, examples: Examples) -> pd.DataF
 
 
 # ---------------------------------------------------------------------------------------
-# The analysis: hierarchical bootstrap over instances and examples
+# The analysis: instances x examples, crossed (every measured instance sees the same D_large)
 
 
-def hierarchical(per_instance: Sequence[Any], statistic: Callable[[Any, np.ndarray], float], n_boot: int,
-                 seed: int) -> Estimate:
-    """A statistic averaged over instances, with a two-level bootstrap interval.
+def _crossed(per_instance: Sequence[Any], statistic: Callable[[Any, np.ndarray], np.ndarray], n_boot: int,
+             seed: int) -> stats.Crossed:
+    """:func:`interp.stats.crossed_bootstrap` over the measured instances (``statistic(data, rows)`` takes
+    ``rows`` of shape ``[B, n]`` and returns ``[B]``)."""
+    return stats.crossed_bootstrap(per_instance, statistic, _size(per_instance[0]), n_boot, seed)
 
-    Each resample draws as many instances as there are, with replacement, then resamples the
-    examples of each drawn instance (``statistic(data, rows)``), and averages. The point estimate
-    is the mean of the statistic over instances on all their examples.
-    """
-    rng = np.random.default_rng(seed)
-    sizes = [_size(d) for d in per_instance]
-    point = float(np.mean([statistic(d, np.arange(n)) for d, n in zip(per_instance, sizes, strict=True)]))
-    boot = np.empty(n_boot)
-    for b in range(n_boot):
-        drawn = rng.integers(0, len(per_instance), size=len(per_instance))
-        boot[b] = np.mean([statistic(per_instance[i], rng.integers(0, sizes[i], size=sizes[i])) for i in drawn])
-    return pr.estimate(point, boot, int(sum(sizes)))
+
+def _each(statistic: Callable[[Any, np.ndarray], float]) -> Callable[[Any, np.ndarray], np.ndarray]:
+    """A statistic of one row set, applied to each row set of a ``[B, n]`` array (for the non-linear ones)."""
+    def every(data: Any, rows: np.ndarray) -> np.ndarray:
+        return np.array([statistic(data, r) for r in np.atleast_2d(rows)])
+    return every
 
 
 def _size(data: Any) -> int:
@@ -372,11 +396,21 @@ def _size(data: Any) -> int:
         len(next(iter(data.values())))
 
 
-def _recovery(data: dict[str, Any], rows: np.ndarray, name: str, scale: str = "nll") -> float:
+def _instances(c: stats.Crossed) -> dict[str, Estimate]:
+    return {"instances": Estimate(c.instances, c.instances, c.instances), "instance_sd": Estimate(c.between_sd)}
+
+
+def _recovery(data: dict[str, Any], rows: np.ndarray, name: str, scale: str = "nll",
+              target: str = "target", source: str = "source") -> np.ndarray:
     f = np.exp if scale == "ppl" else (lambda v: v)
-    t, s = f(np.asarray(data["target"])[rows].mean()), f(np.asarray(data["source"])[rows].mean())
-    v = f(np.asarray(data["patched"][name])[rows].mean())
-    return float((t - v) / (t - s))
+
+    def mean(key: str | list[str]) -> np.ndarray:
+        values = data[key[0]][key[1]] if isinstance(key, list) else data[key]
+        return f(np.asarray(values, dtype=np.float64)[rows].mean(axis=-1))
+
+    t, s = mean(target), mean(source)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (t - mean(["patched", name] if "patched" in data else [name, "nll_k"])) / (t - s)
 
 
 def _patch_claims(patching: list[dict[str, Any]], n_boot: int, seed: int) -> tuple[dict[str, rp.Measurement],
@@ -386,57 +420,64 @@ def _patch_claims(patching: list[dict[str, Any]], n_boot: int, seed: int) -> tup
         strong = component in STRONG
         others = WEAK if strong else STRONG
 
-        def margin(d: dict[str, Any], r: np.ndarray, c: str = component, o: tuple = others, s: bool = strong) -> float:
-            mine, rest = _recovery(d, r, c), [_recovery(d, r, x) for x in o]
-            return mine - max(rest) if s else min(rest) - mine
+        def margin(d: dict[str, Any], r: np.ndarray, c: str = component, o: tuple = others,
+                   s: bool = strong) -> np.ndarray:
+            mine, rest = _recovery(d, r, c), np.stack([_recovery(d, r, x) for x in o])
+            return mine - rest.max(axis=0) if s else rest.min(axis=0) - mine
 
-        est = hierarchical(patching, functools.partial(_recovery, name=component), n_boot, seed)
-        ppl = hierarchical(patching, functools.partial(_recovery, name=component, scale="ppl"), n_boot, seed)
-        m = hierarchical(patching, margin, n_boot, seed)
-        per = [_recovery(d, np.arange(_size(d)), component) for d in patching]
+        rec = _crossed(patching, functools.partial(_recovery, name=component), n_boot, seed)
+        ppl = _crossed(patching, functools.partial(_recovery, name=component, scale="ppl"), n_boot, seed)
+        m = _crossed(patching, margin, n_boot, seed)
+        est = rec.estimate
         claims[f"patch_{component}"] = rp.Measurement(
-            {"recovery": est, "margin": m},
-            f"{est.text(percent=True)} on NLL ({ppl.text(percent=True)} on perplexity); margin to {'/'.join(others)} "
-            f"{m.text(percent=True)}; per instance {', '.join(f'{100 * v:.0f}%' for v in per)}")
+            {"recovery": est, "recovery_ppl": ppl.estimate, "margin": m.estimate, **_instances(rec)},
+            f"{est.text(percent=True)} on NLL ({ppl.estimate.text(percent=True)} on perplexity); margin to "
+            f"{'/'.join(others)} {m.estimate.text(percent=True)}; per instance "
+            f"{', '.join(f'{100 * v:.0f}%' for v in rec.per_instance)} ({rec.instance_text()})")
         rows.append({"component": component, "recovery_nll": est.value, "low": est.low, "high": est.high,
-                     "recovery_ppl": ppl.value, "ppl_low": ppl.low, "ppl_high": ppl.high, "margin": m.value,
-                     "margin_low": m.low, "margin_high": m.high, **{f"instance{i + 1}": v for i, v in enumerate(per)}})
+                     "recovery_ppl": ppl.estimate.value, "ppl_low": ppl.estimate.low, "ppl_high": ppl.estimate.high,
+                     "margin": m.estimate.value, "margin_low": m.estimate.low, "margin_high": m.estimate.high,
+                     "between_instance_sd": rec.between_sd,
+                     **{f"instance{i + 1}": v for i, v in enumerate(rec.per_instance)}})
 
-    def gate_diff(d: dict[str, Any], r: np.ndarray) -> float:
-        return float((np.asarray(d["gate_weights_restored"])[r] - np.asarray(d["gate_input"])[r]).mean())
+    def gate_diff(d: dict[str, Any], r: np.ndarray) -> np.ndarray:
+        return (np.asarray(d["gate_weights_restored"])[r] - np.asarray(d["gate_input"])[r]).mean(axis=-1)
 
-    diff = hierarchical(patching, gate_diff, n_boot, seed)
-    claims["gate_input"] = rp.Measurement({"diff": diff}, f"NLL with the gate weights restored minus with the gate "
-                                                          f"input patched: {diff.text(3)}")
+    diff = _crossed(patching, gate_diff, n_boot, seed)
+    claims["gate_input"] = rp.Measurement({"diff": diff.estimate, **_instances(diff)},
+                                          f"NLL with the gate weights restored minus with the gate input patched: "
+                                          f"{diff.estimate.text(3)} ({diff.instance_text()})")
     return claims, pd.DataFrame(rows)
 
 
 def _restoration_claims(restoration: list[dict[str, Any]], n_boot: int, seed: int
                         ) -> tuple[dict[str, rp.Measurement], pd.DataFrame]:
-    def recovery(name: str, scale: str = "nll") -> Callable[[dict[str, Any], np.ndarray], float]:
-        def stat(d: dict[str, Any], r: np.ndarray) -> float:
-            f = np.exp if scale == "ppl" else (lambda v: v)
-            q, ref = f(np.asarray(d["quantized"])[r].mean()), f(np.asarray(d["reference"])[r].mean())
-            return float((q - f(np.asarray(d[name]["nll_k"])[r].mean())) / (q - ref))
-        return stat
+    def recovery(name: str, scale: str = "nll") -> Callable[[dict[str, Any], np.ndarray], np.ndarray]:
+        return functools.partial(_recovery, name=name, scale=scale, target="quantized", source="reference")
 
     names = [k for k in restoration[0] if k not in ("k", "quantized", "reference")]
+    randoms = [n for n in names if n.startswith("random")]
+
+    def top_minus_random(d: dict[str, Any], r: np.ndarray) -> np.ndarray:  # paired: the same rows for every set
+        return recovery("top")(d, r) - np.mean([recovery(n)(d, r) for n in randoms], axis=0)
+
     rows = []
     for name in names:
-        est = hierarchical(restoration, recovery(name), n_boot, seed)
-        ppl = hierarchical(restoration, recovery(name, "ppl"), n_boot, seed)
-        rows.append({"layers restored": name, "recovery_nll": est.value, "low": est.low, "high": est.high,
-                     "recovery_ppl": ppl.value, "ppl_low": ppl.low, "ppl_high": ppl.high})
+        est, ppl = _crossed(restoration, recovery(name), n_boot, seed), _crossed(restoration, recovery(name, "ppl"),
+                                                                                 n_boot, seed)
+        rows.append({"layers restored": name, "recovery_nll": est.estimate.value, "low": est.estimate.low,
+                     "high": est.estimate.high, "recovery_ppl": ppl.estimate.value, "ppl_low": ppl.estimate.low,
+                     "ppl_high": ppl.estimate.high, "between_instance_sd": est.between_sd})
+    top = _crossed(restoration, recovery("top"), n_boot, seed)
+    top_ppl = _crossed(restoration, recovery("top", "ppl"), n_boot, seed)
+    diff = _crossed(restoration, top_minus_random, n_boot, seed)
     table = pd.DataFrame(rows)
-    top = table.set_index("layers restored").loc["top"]
-    est = Estimate(float(top["recovery_nll"]), float(top["low"]), float(top["high"]))
-    randoms = table[table["layers restored"].str.startswith("random")]
     k = restoration[0]["k"]
-    bottom = table.set_index("layers restored").loc["bottom", "recovery_nll"]
-    text = (f"top {k}: {est.text(percent=True)} on NLL ({100 * top['recovery_ppl']:.0f}% on perplexity); controls: "
-            f"bottom {k} {100 * bottom:.0f}%, {len(randoms)} draws of {k} random layers "
-            f"{100 * randoms['recovery_nll'].min():.0f}% to {100 * randoms['recovery_nll'].max():.0f}%")
-    return {"restoration": rp.Measurement({"recovery": est}, text)}, table
+    text = (f"top {k}: {top.estimate.text(percent=True)} on NLL ({top_ppl.estimate.text(percent=True)} on "
+            f"perplexity); top minus the mean of {len(randoms)} random {k}-layer sets, paired: "
+            f"{diff.estimate.text(percent=True)} ({top.instance_text()})")
+    return {"restoration": rp.Measurement({"recovery": top.estimate, "recovery_ppl": top_ppl.estimate,
+                                           "top_minus_random": diff.estimate, **_instances(top)}, text)}, table
 
 
 def _early_exit_claims(early: list[dict[str, Any]], n_layers: int, vocab: int, fractions: Sequence[float],
@@ -446,7 +487,6 @@ def _early_exit_claims(early: list[dict[str, Any]], n_layers: int, vocab: int, f
     usable = ref_all.mean(axis=1) < math.log(vocab)
     keep = np.flatnonzero(usable)
     rows = []
-    claims: dict[str, rp.Measurement] = {}
 
     def share(fraction: float, contrast: bool) -> Callable[[dict[str, Any], np.ndarray], float]:
         def stat(d: dict[str, Any], r: np.ndarray) -> float:
@@ -465,22 +505,45 @@ def _early_exit_claims(early: list[dict[str, Any]], n_layers: int, vocab: int, f
         return {"early_exit_tuned": rp.Measurement(untestable=why)}, pd.DataFrame(
             columns=["fraction", "statistic", "share", "low", "high"])
     early_sized = [{**d, "target": np.asarray(d["reference/large"])[0]} for d in early]
+    shares: dict[str, Estimate] = {}
+    texts, first = [], None
     for fraction in fractions:
         for contrast in (False, True):
-            est = hierarchical(early_sized, share(fraction, contrast), n_boot, seed)
+            c = _crossed(early_sized, _each(share(fraction, contrast)), n_boot, seed)
             rows.append({"fraction": fraction, "statistic": "D_large - D_ctrl gap" if contrast else "D_large gap",
-                         "share": est.value, "low": est.low, "high": est.high})
-            if fraction == 0.5 and not contrast:
-                first = int(layers[int(keep[0])]) if keep.size else -1
-                claims["early_exit_tuned"] = rp.Measurement(
-                    {"share_after_split": est},
-                    f"share of layers after the split {est.text(percent=True)} (tuned lens; informative from layer "
-                    f"{first}; per instance, selection on instance 0)")
+                         "share": c.estimate.value, "low": c.estimate.low, "high": c.estimate.high,
+                         "between_instance_sd": c.between_sd})
+            if not contrast:
+                shares[rp._share_key(fraction)] = c.estimate
+                texts.append(f"{fraction:g}: {c.estimate.text(percent=True)}")
+                first = first or c
+    assert first is not None
+    claims = {"early_exit_tuned": rp.Measurement(
+        {**shares, **_instances(first)},
+        f"share of layers after the split at each split fraction {'; '.join(texts)} (tuned lens; informative from "
+        f"layer {int(layers[int(keep[0])])}; selection on instance 0; {first.instance_text()})")}
     return claims, pd.DataFrame(rows)
 
 
+def _h_mse_counts(revs: list[dict[str, Any]], n_layers: int) -> tuple[set[int], set[int], int]:
+    """Upper layers whose corr(||h||, MSE) interval lies wholly above (below) 0.6 on every instance given."""
+    above: set[int] | None = None
+    below: set[int] | None = None
+    upper = 0
+    for rev in revs:
+        mse = pd.DataFrame(rev["mse"])
+        up = mse[mse["layer"] >= n_layers // 2]
+        a = set(up.loc[up["corr_low"] > rp.H_MSE_LEVEL, "layer"])
+        b = set(up.loc[up["corr_high"] < rp.H_MSE_LEVEL, "layer"])
+        above, below, upper = (a if above is None else above & a), (b if below is None else below & b), len(up)
+    return above or set(), below or set(), upper
+
+
 def analyse(p: Preregistration, out: str | Path) -> dict[str, Any]:
-    """Every claim's measurement and verdict from the raw files in ``out``, plus the control tables."""
+    """Every claim's measurement and verdict from the raw files in ``out``, plus the control tables.
+
+    Refuses to run when the rules or the statistics no longer match the registration's fingerprint."""
+    p.check_criteria()
     folder = _Folder(Path(out))
     meta = json.loads((folder.out / "examples.json").read_text())
     ids = meta["ids"]
@@ -557,9 +620,9 @@ def analyse(p: Preregistration, out: str | Path) -> dict[str, Any]:
     vocab = int(meta.get("vocab", 49152))
     ee_claims, ee_table = _early_exit_claims(early, n_layers, vocab, p.split_fractions, p.n_boot, p.seed)
     claims.update(patch_claims | rest_claims | ee_claims)
-    claims.update(_reversal_claims(revs, n_layers, p))
-    all_path = folder.out / "localize" / "reversal_all#1.json"
-    h_mse_all = pd.DataFrame(json.loads(all_path.read_text())["mse"]) if all_path.exists() else pd.DataFrame()
+    every = [folder.read(f"reversal_all#{i}") for i in measured]
+    claims.update(_reversal_claims(revs, every, n_layers, p))
+    h_mse_all = pd.concat([pd.DataFrame(r["mse"]).assign(instance=i) for i, r in zip(measured, every, strict=True)])
     claims["early_exit_logit"] = rp.Measurement(
         untestable="not pre-registered for the confirmatory run: the logit lens is uninformative below layer 25 of 30 "
                    "on SmolLM2 (exploratory run), so the tuned lens carries the claim")
@@ -577,15 +640,11 @@ def analyse(p: Preregistration, out: str | Path) -> dict[str, Any]:
             "noise_ceiling_pairs": ceiling.pairs, "ex_index": ex_index}
 
 
-def _reversal_claims(revs: list[dict[str, Any]], n_layers: int, p: Preregistration) -> dict[str, rp.Measurement]:
+def _reversal_claims(revs: list[dict[str, Any]], every: list[dict[str, Any]], n_layers: int, p: Preregistration
+                     ) -> dict[str, rp.Measurement]:
     """Kurtosis and outliers read the reference on the selected sets (instance-free); the ||h||/MSE layer
-    counts require an interval wholly above (below) 0.6 on every measured instance."""
-    above, below, upper = None, None, 0
-    for rev in revs:
-        mse = pd.DataFrame(rev["mse"])
-        up = mse[mse["layer"] >= n_layers // 2]
-        a, b = set(up.loc[up["corr_low"] > 0.6, "layer"]), set(up.loc[up["corr_high"] < 0.6, "layer"])
-        above, below, upper = (a if above is None else above & a), (b if below is None else below & b), len(up)
+    counts read all examples and require an interval wholly above (below) 0.6 on every measured instance."""
+    above, below, upper = _h_mse_counts(every, n_layers)
     per = pd.DataFrame(revs[0]["per_example"])
     arrays = {s: per[per["set"] == s].pivot(index="layer", columns="example", values="kurtosis")
               .to_numpy(dtype=np.float64) for s in ("large", "ctrl")}
@@ -599,10 +658,10 @@ def _reversal_claims(revs: list[dict[str, Any]], n_layers: int, p: Preregistrati
     outlier = pr.estimate(float(outl.mean()), ob, int(outl.size))
     return {
         "reversal_h_mse": rp.Measurement(
-            {"layers_above": Estimate(len(above or ())), "layers_below": Estimate(len(below or ())),
-             "upper_layers": Estimate(upper)},
-            f"{len(above or ())} of {upper} upper layers wholly above 0.6 on every measured instance, "
-            f"{len(below or ())} wholly below"),
+            {"layers_above": Estimate(len(above)), "layers_below": Estimate(len(below)),
+             "upper_layers": Estimate(upper), "instances": Estimate(len(every), len(every), len(every))},
+            f"{len(above)} of {upper} upper layers wholly above 0.6 on every measured instance ({len(every)}), "
+            f"{len(below)} wholly below, over all examples"),
         "kurtosis": rp.Measurement({"diff": kurt}, f"{kurt.text(3)} (log-kurtosis, D_large minus D_ctrl)"),
         "outlier_gamma": rp.Measurement({"percentile": outlier}, f"{outlier.text(2)} (block bootstrap over layers)"),
     }

@@ -455,8 +455,8 @@ def _norm_error(m: Measurement) -> Judgement:
 @claim("reversal_h_mse", QUANT_PAPER,
        "corr(||h||, MLP-output MSE) exceeds 0.6 in most upper layers",
        "> 0.6 in most upper layers",
-       "per upper layer, Pearson(||h||, MSE) with a bootstrap interval; the count of layers whose interval lies "
-       "wholly above 0.6 and wholly below it",
+       "per upper layer, Pearson(||h||, MSE) with a bootstrap interval (over all examples from registration 2 on; "
+       "the selected sets before); the count of layers whose interval lies wholly above 0.6 and wholly below it",
        f"as strong as the paper when more than half the upper layers lie wholly above {H_MSE_LEVEL}; contradicted "
        f"when at least half lie wholly below it; otherwise not shown")
 def _reversal(m: Measurement) -> Judgement:

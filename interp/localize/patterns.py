@@ -1,0 +1,77 @@
+"""Every head's attention pattern on one prompt, with its tokens: what an attention view draws.
+
+:func:`attention_patterns` captures the attention probabilities ``[layer, head, query, key]``
+of one prompt (the ``pattern`` component) together with ``"position:token"`` labels;
+:func:`interp.figures.toolbox.attention_view` (``interp.attention_view``) draws them as an
+interactive heatmap with a head menu, offline.
+
+Example:
+    >>> import interp
+    >>> from interp.localize.patterns import attention_patterns
+    >>> model = interp.tiny_model("llama")
+    >>> att = attention_patterns(model, "abc", layers=[1])
+    >>> tuple(att.pattern.shape), att.labels  # [layers, heads, query, key]
+    ((1, 4, 4, 4), ['0:<bos>', '1:a', '2:b', '3:c'])
+    >>> bool(att.pattern.sum(-1).sub(1).abs().max() < 1e-5)  # each query's row is a distribution
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from interp.display import ResultDisplay
+from interp.localize.prompts import Prompts, one_prompt, token_labels
+from interp.models import Model, model_name
+from interp.runtime import hooks as hk
+from interp.runtime.batching import device_of
+from interp.runtime.capture import capture
+
+
+@dataclass(frozen=True)
+class AttentionPatterns(ResultDisplay):
+    """Attention patterns of one prompt.
+
+    Attributes:
+        pattern: ``[layers, heads, query, key]`` attention probabilities.
+        layers: the first axis's layers.
+        labels: ``"position:token"`` per position (both axes).
+    """
+
+    pattern: Float[Tensor, "layers heads query key"]
+    layers: list[int]
+    labels: list[str]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def table(self) -> pd.DataFrame:
+        """Per (layer, head): the key the last token attends to most, and with what weight."""
+        last = self.pattern[:, :, -1]  # [layers, heads, key]
+        best = last.argmax(-1)
+        return pd.DataFrame([{"layer": layer, "head": h, "last token attends to": self.labels[int(best[i, h])],
+                              "weight": float(last[i, h, best[i, h]])}
+                             for i, layer in enumerate(self.layers) for h in range(self.pattern.shape[1])])
+
+
+def attention_patterns(model: Model, prompt: Prompts, layers: Sequence[int] | None = None) -> AttentionPatterns:
+    """Capture every head's attention pattern on one prompt (all layers, or ``layers``).
+
+    Example:
+        >>> import interp
+        >>> att = attention_patterns(interp.tiny_model("llama"), "hi")
+        >>> att.layers, att.summary().shape  # one row per (layer, head)
+        ([0, 1], (8, 4))
+    """
+    tokens = one_prompt(model, prompt)
+    chosen = hk.check_layers(model, layers)
+    with torch.no_grad():
+        store, _ = capture(model, tokens[None].to(device_of(model)), [("pattern", layer) for layer in chosen])
+    pattern = torch.stack([store[("pattern", layer)][0].float().cpu() for layer in chosen])
+    return AttentionPatterns(pattern=pattern, layers=chosen, labels=token_labels(model, tokens),
+                             settings={"model": model_name(model)})
