@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from interp import __version__
-from interp.cli import attention, lens, prescribe, probe, quant, report
+from interp.cli import attention, circuit, lens, prescribe, probe, quant, report
 from interp.cli.common import COMMANDS, HelpFormatter, refuse_unsharded, unknown_name
 from interp.errors import InterpError
 
@@ -51,7 +51,7 @@ DESCRIPTION = (
 # interp probe
 
 # The command groups, in the order ``interp --help`` lists them; importing each registers its commands.
-GROUPS = (probe, attention, quant, lens, prescribe, report)
+GROUPS = (probe, attention, quant, lens, circuit, prescribe, report)
 
 
 def _ordered() -> list[str]:
