@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import sqlite3
 import sys
 import time
@@ -83,6 +84,55 @@ def _command_of(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+# A value such as ``-4,-3,-2,-1`` or ``-0.5``: argparse reads a word that starts with ``-`` as an option
+# unless it is a single negative number, so the documented ``--layers -4,-3,-2,-1`` was refused.
+_NEGATIVE_NUMBERS = re.compile(r"^-\.?\d[\d.eE+\-]*(\s*,\s*-?\.?\d[\d.eE+\-]*)*,?$")
+
+
+def _value_options(parser: argparse.ArgumentParser, name: str | None) -> dict[str, argparse.Action]:
+    """Option string -> action, for the options of command ``name`` that take exactly one value."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    command = sub.choices.get(name) if sub is not None and name else None
+    if command is None:
+        return {}
+    return {option: action for action in command._actions if action.nargs is None and action.option_strings
+            and not isinstance(action, argparse._HelpAction) for option in action.option_strings}
+
+
+def join_negative_values(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """``["--layers", "-4,-3"]`` -> ``["--layers=-4,-3"]``, for every option that takes one value.
+
+    No interp option starts with a digit, so a word like ``-4,-3`` after an option that expects a
+    value can only be that value; joining it with ``=`` (a spelling argparse always accepts) makes
+    ``--layers -4,-3``, ``--layers=-4,-3`` and an abbreviated ``--lay -4,-3`` mean the same.
+    """
+    options = _value_options(parser, _command_of(argv))
+    out: list[str] = []
+    words = list(argv)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        action = options.get(word) or _unique_prefix(options, word)
+        if action is not None and i + 1 < len(words) and _NEGATIVE_NUMBERS.match(words[i + 1]):
+            out.append(f"{word}={words[i + 1]}")
+            i += 2
+            continue
+        out.append(word)
+        if word == "--":
+            out += words[i + 1:]
+            break
+        i += 1
+    return out
+
+
+def _unique_prefix(options: dict[str, argparse.Action], word: str) -> argparse.Action | None:
+    """The action an abbreviated long option (``--lay``) stands for, when exactly one matches."""
+    if not word.startswith("--") or "=" in word:
+        return None
+    matches = {id(a): a for option, a in options.items() if option.startswith(word)}
+    return next(iter(matches.values())) if len(matches) == 1 else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (argparse's own errors raise SystemExit(2))."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -93,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser(only=name if name in COMMANDS else "")  # --version/--help need no options
         if name is not None and name not in COMMANDS:
             parser.error(unknown_name("command", name, list(COMMANDS)))
-        args = parser.parse_args(argv)
+        args = parser.parse_args(join_negative_values(parser, argv))
         if not getattr(args, "func", None):
             parser.print_help()
             return 0
