@@ -13,7 +13,7 @@ import numbers
 from collections.abc import Iterable
 from typing import Any
 
-from interp.errors import ComponentError, DataError, InterpError
+from interp.errors import ComponentError, DataError, InterpError, NonFiniteError, SpecError
 
 
 def is_integer(value: Any) -> bool:
@@ -135,3 +135,499 @@ def names(value: Any, what: str, valid: Iterable[str] | None = None, error: type
         if choices is not None and name not in choices:
             raise error(f"Unknown {what[:-1] if what.endswith('s') else what} {name!r}.{listed}")
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# The public boundary: one decorator checks every argument by its annotation and its name
+#
+# ``@checked`` on a public function reads its signature once (on the first call, when the module's
+# names are all defined) and, on every call, checks each argument before the body runs:
+#
+# - by annotation: ``int`` refuses bools, floats and strings; ``float`` refuses bools, NaN and
+#   inf; ``bool`` refuses 0, 1 and "yes"; ``str`` and ``Literal[...]`` refuse anything else (a
+#   literal must be one of its choices); ``Sequence[int]``/``list[int]`` refuse strings, floats,
+#   bools and duplicates; ``Sequence[str]`` refuses a bare string where the name says rows
+#   (``texts``, ``ids``); tensor annotations (``Tensor``, jaxtyping ``Float[...]``) refuse
+#   non-tensors, empty tensors and NaN/inf;
+# - by name (:data:`NAMED`): a ``seed`` lies in [0, 2**63); counts (``batch_size``, ``n``,
+#   ``n_boot``...) are >= 1; fractions (``top``, ``level``) lie in (0, 1); ``device`` is
+#   not ``"meta"``; ``layers``/``layer`` are indices of the model's layers (negative ones
+#   count from the end, as documented), ``head``/``heads`` of its heads, ``position(s)`` of
+#   the examples' positions, ``token``/``target``/``answers`` ids of its vocabulary; a
+#   per-row argument (``answers``, ``targets``, ``labels``) has one entry per example row.
+#
+# The model and the examples that ranges refer to are the arguments that look like them (an
+# object with ``cfg.n_layers``; one with ``tokens``). Adding a function: decorate it, and name
+# its parameters as above; a new kind of argument is one entry in NAMED.
+
+import functools  # noqa: E402 - the boundary section keeps its imports beside it
+import inspect  # noqa: E402
+import math  # noqa: E402
+import typing  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+
+SEED_LIMIT = 2**63
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
+def _is_tensor(value: Any) -> bool:
+    return any(cls.__name__ == "Tensor" and cls.__module__.startswith("torch") for cls in type(value).__mro__)
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool) or _kind(value) == "bool_"
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not _is_bool(value)
+
+
+def finite_number(value: Any, name: str, low: float | None = None, high: float | None = None,
+                  open_low: bool = False, open_high: bool = False) -> float:
+    """``value`` as a finite float (ints welcome), refusing bools, strings, NaN, inf and values out of bounds.
+
+    Example:
+        >>> finite_number(0.1, "top", 0, 1, open_low=True)
+        0.1
+        >>> finite_number(float("nan"), "alpha")
+        Traceback (most recent call last):
+        ...
+        interp.errors.InterpError: alpha must be a finite number, got nan.
+    """
+    if not _is_real(value):
+        raise InterpError(f"{name} must be a number, got {value!r} ({_kind(value)}).")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InterpError(f"{name} must be a finite number, got {number}.")
+    below = low is not None and (number <= low if open_low else number < low)
+    above = high is not None and (number >= high if open_high else number > high)
+    if below or above:
+        lo = "-inf" if low is None else f"{low:g}"
+        hi = "inf" if high is None else f"{high:g}"
+        span = f"{'(' if open_low else '['}{lo}, {hi}{')' if open_high else ']'}"
+        raise InterpError(f"{name} must lie in {span}, got {number:g}.")
+    return number
+
+
+def seed(value: Any, name: str = "seed", error: type[InterpError] = DataError) -> int:
+    """A random seed: an integer in [0, 2**63) (what torch and NumPy generators take).
+
+    Example:
+        >>> seed(2**64)
+        Traceback (most recent call last):
+        ...
+        interp.errors.DataError: seed must lie in [0, 2**63), got 18446744073709551616. Pass a smaller seed such as 0.
+    """
+    number = integer(value, name, error=error)
+    if not 0 <= number < SEED_LIMIT:
+        raise error(f"{name} must lie in [0, 2**63), got {number}. Pass a smaller seed such as 0.")
+    return number
+
+
+def index(value: Any, name: str, size: int, what: str, negative: bool = False,
+          error: type[InterpError] = ComponentError) -> int:
+    """An integer index into ``size`` things (``what`` names them for the message); negatives only when allowed.
+
+    Example:
+        >>> index(3, "head", 4, "heads")
+        3
+        >>> index(0.5, "head", 4, "heads")
+        Traceback (most recent call last):
+        ...
+        interp.errors.ComponentError: head must be an integer, got 0.5 (float). Pass a whole number such as 8.
+    """
+    number = integer(value, name, error=error)
+    low = -size if negative else 0
+    if not low <= number < size:
+        valid = f"0..{size - 1}" + (f" (or -{size}..-1 from the end)" if negative else "")
+        raise error(f"{name} {number} is out of range: there are {size} {what}, valid {valid}.")
+    return number
+
+
+def indices(values: Any, name: str, size: int | None, what: str, negative: bool = False,
+            error: type[InterpError] = ComponentError) -> list[int]:
+    """A non-empty list of distinct integer indices (one integer counts as a list of one).
+
+    Duplicates are refused (after negatives are read from the end): a layer given twice would
+    be measured twice and counted twice.
+
+    Example:
+        >>> indices([0, -1], "layers", 4, "layers", negative=True)
+        [0, -1]
+        >>> indices([1, 1], "heads", 4, "heads")
+        Traceback (most recent call last):
+        ...
+        interp.errors.ComponentError: heads holds 1 twice; give each of the heads once.
+    """
+    if is_integer(values):
+        values = [values]
+    elif _is_tensor(values) and getattr(values, "ndim", 0) == 1:
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable) or isinstance(values, dict):
+        raise error(f"{name} must be a list of integer indices such as [0, 1], got {values!r} ({_kind(values)}).")
+    out = list(values)
+    if not out:
+        raise error(f"{name} is empty; give at least one index.")
+    seen: set[int] = set()
+    for value in out:
+        number = index(value, name, size, what, negative, error) if size is not None else integer(value, name,
+                                                                                                    error=error)
+        key = number % size if size else number
+        if key in seen:
+            raise error(f"{name} holds {number} twice; give each of the {what} once.")
+        seen.add(key)
+    return out
+
+
+def device(value: Any, name: str = "device") -> str:
+    """A torch device name that holds data: ``"meta"`` (no data) and unparseable names are refused."""
+    if _kind(value) == "device":
+        value = str(value)
+    if not isinstance(value, str):
+        raise InterpError(f"{name} must be a device name such as 'cpu' or 'cuda', got {value!r} ({_kind(value)}).")
+    import torch
+
+    try:
+        parsed = torch.device(value)
+    except (RuntimeError, ValueError):
+        raise InterpError(f"{name} {value!r} is not a device; use 'cpu', 'cuda' or 'cuda:0'.") from None
+    if parsed.type == "meta":
+        raise InterpError(f"{name} 'meta' holds no data, so nothing can be computed on it; use 'cpu' or 'cuda'.")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise InterpError(f"{name} {value!r}: this machine has no CUDA device; use 'cpu'.")
+    return value
+
+
+def tensor(value: Any, name: str) -> Any:
+    """A non-empty torch tensor, finite when it holds floats."""
+    if not _is_tensor(value):
+        raise InterpError(f"{name} must be a torch tensor, got {_kind(value)}.")
+    if value.numel() == 0:
+        raise InterpError(f"{name} is empty (shape {tuple(value.shape)}); give a tensor with at least one entry.")
+    if value.is_floating_point() and value.device.type != "meta" and not bool(value.isfinite().all()):
+        raise NonFiniteError(f"{name} holds NaN or inf; pass finite values.")
+    return value
+
+
+# ---- the context that ranges refer to
+
+
+def _model_of(arguments: dict[str, Any]) -> Any:
+    for value in arguments.values():
+        cfg = getattr(value, "cfg", None)
+        if cfg is not None and is_integer(getattr(cfg, "n_layers", None)):
+            return value
+    return None
+
+
+def _examples_of(arguments: dict[str, Any]) -> Any:
+    for value in arguments.values():
+        if any(cls.__name__ == "Examples" for cls in type(value).__mro__):
+            return value
+    return None
+
+
+def _cfg(arguments: dict[str, Any], field_name: str) -> int | None:
+    model = _model_of(arguments)
+    value = getattr(getattr(model, "cfg", None), field_name, None)
+    return int(value) if is_integer(value) else None
+
+
+def _positions(arguments: dict[str, Any]) -> int | None:
+    examples = _examples_of(arguments)
+    return int(examples.tokens.shape[1]) if examples is not None else None
+
+
+def _rows(arguments: dict[str, Any]) -> int | None:
+    examples = _examples_of(arguments)
+    return len(examples) if examples is not None else None
+
+
+# ---- rules by parameter name: (value, name, arguments) -> None, raising an InterpError
+
+
+Rule = Callable[[Any, str, dict[str, Any]], None]
+
+
+def _count(minimum: int = 1, error: type[InterpError] = InterpError) -> Rule:
+    def rule(value: Any, name: str, arguments: dict[str, Any]) -> None:
+        integer(value, name, minimum=minimum, error=error)
+    return rule
+
+
+def _fraction(low: float, high: float, open_low: bool = True, open_high: bool = True) -> Rule:
+    def rule(value: Any, name: str, arguments: dict[str, Any]) -> None:
+        finite_number(value, name, low, high, open_low, open_high)
+    rule.only_for = float  # type: ignore[attr-defined]  # a ``top: int`` (a count) is not a fraction
+    return rule
+
+
+def _indexed(size_of: Callable[[dict[str, Any]], int | None], what: str, many: bool, negative: bool = False,
+             error: type[InterpError] = ComponentError) -> Rule:
+    def rule(value: Any, name: str, arguments: dict[str, Any]) -> None:
+        size = size_of(arguments)
+        if many:
+            indices(value, name, size, what, negative, error)
+        elif size is None:
+            integer(value, name, error=error)
+        else:
+            index(value, name, size, what, negative, error)
+    return rule
+
+
+def _per_row(value: Any, name: str, arguments: dict[str, Any]) -> None:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) and not _is_tensor(value):
+        raise DataError(f"{name} must hold one entry per example row, got {_kind(value)}.")
+    rows = _rows(arguments)
+    if rows is not None and len(value) != rows:
+        raise DataError(f"{name} has {len(value)} entries but the examples have {rows} rows; give one per row.")
+
+
+def _tokens(many: bool) -> Rule:
+    vocab = _indexed(lambda a: _cfg(a, "d_vocab"), "token ids in the vocabulary", many, error=DataError)
+
+    def rule(value: Any, name: str, arguments: dict[str, Any]) -> None:
+        if _is_tensor(value) and value.ndim > 0:
+            size = _cfg(arguments, "d_vocab")
+            if value.is_floating_point() or (size is not None and bool(((value < 0) | (value >= size)).any())):
+                raise DataError(f"{name} must hold integer token ids in 0..{(size or 1) - 1}.")
+            return
+        vocab(value, name, arguments)
+    return rule
+
+
+def _layers(value: Any, name: str, arguments: dict[str, Any]) -> None:
+    n_layers = _cfg(arguments, "n_layers")
+    if n_layers is not None:
+        layer_indices(value, n_layers)  # its messages name the model's layers
+    indices(value, name, n_layers, "layers", negative=True)
+
+
+_ERRORS: dict[str, type[InterpError]] = {
+    **dict.fromkeys(("spec", "specs", "method"), SpecError),
+    **dict.fromkeys(("source", "texts", "ids", "examples", "n", "seq_len", "max_len", "seed", "tokens"), DataError),
+    **dict.fromkeys(("layers", "layer", "heads", "head", "components", "component", "reducers"), ComponentError),
+}
+"""The error a wrongly typed argument raises, by parameter name (InterpError for the rest)."""
+_HEADS = _indexed(lambda a: _cfg(a, "n_heads"), "heads", many=True)
+_POSITIONS = _indexed(_positions, "positions", many=True, negative=True, error=DataError)
+
+NAMED: dict[str, Rule] = {
+    "seed": lambda value, name, arguments: None if value is None else seed(value, name) and None,
+    **{name: _count() for name in ("batch_size", "n_boot", "n_outliers", "max_rows", "max_logits", "hops",
+                                  "chunk", "group", "ngram", "n_layers", "n_queries", "n_keys", "top_k", "k")},
+    **{name: _count(error=DataError) for name in ("sensitivity_n", "sensitivity_seq_len")},
+    "sink": _count(0),
+    "min_keys": _count(1),
+    **{name: _fraction(0, 1) for name in ("top", "level", "memory_fraction")},
+    "dedup": _fraction(0, 1, open_low=False),
+    "ctrl_pool": _fraction(0, 1, open_high=False),
+    "device": lambda value, name, arguments: None if value is None else device(value, name) and None,
+    "layers": _layers,
+    "layer": _indexed(lambda a: _cfg(a, "n_layers"), "layers", many=False, negative=True),
+    "heads": _HEADS,
+    "head": _indexed(lambda a: _cfg(a, "n_heads"), "heads", many=False),
+    "positions": _POSITIONS,
+    "position": _indexed(_positions, "positions", many=False, negative=True, error=DataError),
+    "token": _tokens(many=False),
+    "target": _tokens(many=False),
+    "answers": lambda value, name, arguments: (_per_row(value, name, arguments), _tokens(True)(value, name, arguments))
+    and None,
+    "targets": _per_row,
+    "labels": _per_row,
+}
+"""Parameter name -> its rule. A rule sees the value, the name, and all bound arguments (for the model's sizes)."""
+
+
+# ---- rules by annotation
+
+
+_UNKNOWN = object()  # an annotation member that cannot be resolved (imported for type checking only)
+
+
+def _resolve(text: str, namespace: dict[str, Any]) -> Any:
+    try:
+        value = eval(text, namespace)  # noqa: S307 - the function's own annotation, in its own module's names
+    except Exception:  # noqa: BLE001 - a name only imported for type checking: no check from it
+        return _UNKNOWN
+    return type(None) if value is None else value
+
+
+def _alternatives(annotation: Any, namespace: dict[str, Any]) -> list[Any]:
+    """The members of a union annotation, resolved (None for a member that cannot be resolved)."""
+    if isinstance(annotation, str):
+        depth, parts, start = 0, [], 0
+        for i, char in enumerate(annotation):
+            depth += char in "[(" and 1 or (char in "])" and -1 or 0)
+            if char == "|" and depth == 0:
+                parts.append(annotation[start:i])
+                start = i + 1
+        parts.append(annotation[start:])
+        resolved = [_resolve(part.strip(), namespace) for part in parts]
+        return [r for part in resolved for r in (_alternatives(part, namespace) if part is not _UNKNOWN else [part])]
+    if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return [r for arg in typing.get_args(annotation) for r in _alternatives(arg, namespace)]
+    return [annotation]
+
+
+def _type_check(member: Any) -> Callable[[Any], bool] | None:
+    """A test that a value fits one member of an annotation; None when the member says nothing checkable."""
+    origin, args = typing.get_origin(member), typing.get_args(member)
+    simple: dict[Any, Callable[[Any], bool]] = {
+        type(None): lambda v: v is None, int: is_integer, float: _is_real,
+        bool: _is_bool, str: lambda v: isinstance(v, str)}
+    if member is _UNKNOWN or member is typing.Any:
+        return None
+    if member in simple:
+        return simple[member]
+    if origin is typing.Literal:
+        # a string outside the choices is left to the function, whose message can say "did you mean"
+        return lambda v: isinstance(v, str) or (is_integer(v) and v in args)
+    if origin in (list, tuple, Sequence, Iterable) and args and args[0] is int:
+        return lambda v: (not isinstance(v, (str, bytes, dict)) and isinstance(v, Iterable)
+                          and all(is_integer(x) for x in v))
+    if origin in (list, tuple, Sequence, Iterable) and args and args[0] is str:  # one name counts as a list of one
+        return lambda v: isinstance(v, str) or (not isinstance(v, (bytes, dict)) and isinstance(v, Iterable)
+                                                and all(isinstance(x, str) for x in v))
+    if getattr(member, "__module__", "").startswith("jaxtyping") or (
+            isinstance(member, type) and member.__name__ == "Tensor" and member.__module__.startswith("torch")):
+        return _is_tensor
+    if isinstance(member, type) and origin is None and not getattr(member, "_is_protocol", False):
+        return lambda v: isinstance(v, member)  # a class such as Examples or pd.DataFrame
+    return None
+
+
+class _Parameter:
+    """How one parameter is checked: the type tests of its annotation's members, and its named rule."""
+
+    def __init__(self, parameter: inspect.Parameter, namespace: dict[str, Any]) -> None:
+        self.name = parameter.name
+        members = _alternatives(parameter.annotation, namespace) if parameter.annotation is not parameter.empty else []
+        tests = [_type_check(m) for m in members]
+        self.tests = tests if tests and all(t is not None for t in tests) else []
+        self.members = members
+        self.default_none = parameter.default is None
+        self.tensor = any(t is _is_tensor for t in tests)
+        self.rule = NAMED.get(parameter.name)
+        only_for = getattr(self.rule, "only_for", None)
+        if only_for is not None and only_for not in members:
+            self.rule = None
+        elif members and all(not self._plain(m) for m in members):
+            self.rule = None  # e.g. patch(target: Model): a name shared with a rule for plain values
+
+    def check(self, value: Any, arguments: dict[str, Any]) -> None:
+        if value is None and (self.default_none or type(None) in self.members):
+            return
+        if self.rule is not None:  # first: its message (and error class) is the more specific
+            self.rule(value, self.name, arguments)
+        if self.tests and not any(test(value) for test in self.tests):
+            error = _ERRORS.get(self.name, InterpError)
+            raise error(f"{self.name} must be {self._expected()}, got {_shown(value)} ({_kind(value)})"
+                        f"{self._bad_item(value)}.")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InterpError(f"{self.name} must be a finite number, got {value}.")
+        if self.name in ("texts", "ids") and isinstance(value, str):
+            raise DataError(f"{self.name} must be a list of strings (one per row), got the string {_shown(value)}.")
+        if isinstance(value, (list, tuple)) and self.rule is None and self._ints() and len(set(value)) != len(value):
+            raise InterpError(f"{self.name} holds a value twice: {list(value)!r}; give each once.")
+
+    def _bad_item(self, value: Any) -> str:
+        """``"; 0.5 (float) is not an integer"`` for a list whose items are of the wrong kind."""
+        if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
+            return ""
+        for kind, test, word in ((int, is_integer, "an integer"), (str, lambda v: isinstance(v, str), "a string")):
+            if any(typing.get_args(m)[:1] == (kind,) for m in self.members):
+                bad = next((item for item in value if not test(item)), None)
+                if bad is not None:
+                    return f"; {_shown(bad)} ({_kind(bad)}) is not {word}"
+        return ""
+
+    @staticmethod
+    def _plain(member: Any) -> bool:
+        """Whether an annotation member is a plain value a named rule can judge (a number, a name, a list of them)."""
+        return member in (int, float, bool, str, type(None)) or _type_check(member) is _is_tensor or (
+            typing.get_args(member)[:1] in ((int,), (str,)))
+
+    def _ints(self) -> bool:
+        return any(typing.get_args(m)[:1] == (int,) for m in self.members)
+
+    def _expected(self) -> str:
+        words = {int: "an integer", float: "a number", bool: "True or False", str: "a string", type(None): "None"}
+        out = []
+        for member in self.members:
+            if member in words:
+                out.append(words[member])
+            elif typing.get_origin(member) is typing.Literal:
+                out.append("one of " + ", ".join(repr(a) for a in typing.get_args(member)))
+            elif typing.get_args(member)[:1] == (int,):
+                out.append("a list of integers")
+            elif typing.get_args(member)[:1] == (str,):
+                out.append("a list of strings")
+            elif isinstance(member, type) and member.__name__ != "Tensor":
+                out.append(f"a {member.__name__}")
+            else:
+                out.append("a tensor")
+        return " or ".join(dict.fromkeys(out))
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_arguments(fn: Callable[..., Any], arguments: dict[str, Any]) -> None:
+    """Check ``arguments`` (name -> value, as bound to ``fn``) by ``fn``'s annotations and :data:`NAMED`.
+
+    For code that cannot take the decorator (a method that binds its own arguments, a function that
+    builds its arguments itself): ``check_arguments(fn, {"layers": layers, "model": model})``.
+    """
+    for parameter in _parameters(fn):
+        if parameter.name in arguments:
+            parameter.check(arguments[parameter.name], arguments)
+
+
+@functools.cache
+def _parameters(fn: Callable[..., Any]) -> tuple[_Parameter, ...]:
+    namespace = {**vars(__import__("builtins")), **getattr(fn, "__globals__", {})}
+    signature = inspect.signature(fn)
+    return tuple(_Parameter(p, namespace) for p in signature.parameters.values()
+                 if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+
+def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a public function so that its arguments are checked before its body runs.
+
+    The checks come from the signature (see the section comment above :data:`NAMED`); a
+    bad argument raises an :class:`~interp.errors.InterpError` naming it and what to pass.
+
+    Example:
+        >>> @checked
+        ... def pick(layers: list[int] | None = None, seed: int = 0) -> int:
+        ...     return seed
+        >>> pick(seed=3)
+        3
+        >>> pick(seed=True)
+        Traceback (most recent call last):
+        ...
+        interp.errors.DataError: seed must be an integer, got True (bool). Pass a whole number such as 8.
+        >>> pick(layers=[1, 1])
+        Traceback (most recent call last):
+        ...
+        interp.errors.ComponentError: layers holds 1 twice; give each of the layers once.
+    """
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InterpError(f"{fn.__name__}(): {exc}. See help(interp.{fn.__name__}) for its arguments.") from None
+        check_arguments(fn, bound.arguments)
+        return fn(*args, **kwargs)
+
+    wrapper.__checked__ = True  # type: ignore[attr-defined]
+    return wrapper

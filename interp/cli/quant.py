@@ -43,7 +43,7 @@ DEFAULT_SPECS = ";".join(s for s in report_specs(quick=True) if parse_spec(s).bi
 def check_spec(text: str) -> Any:
     """``parse_spec(text)``, with a "did you mean" when the method name is unknown."""
     method = text.split(":", 1)[0].strip().lower()
-    if method not in METHODS:
+    if method not in METHODS and not method.startswith("@"):  # @DIR/plan.json: parse_spec reads the plan
         raise SpecError(unknown_name("quantization method", method, list(METHODS))
                         + " A spec looks like 'rtn:bits=3,group=64'.")
     return parse_spec(text)

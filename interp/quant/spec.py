@@ -42,6 +42,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from interp.errors import SpecError
+from interp.validate import checked
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -326,6 +327,7 @@ def _checked_modules(method: str, bits: int, modules: object) -> dict[str, int]:
         raise SpecError(f"modules must map module names like '3.down' to bit widths, got {type(modules).__name__}")
     record = METHODS[method]
     out: dict[str, int] = {}
+    seen: dict[str, object] = {}
     for name, width in modules.items():
         layer, dot, role = str(name).partition(".")
         if not (dot and layer.isdigit() and role.isidentifier()):
@@ -333,8 +335,13 @@ def _checked_modules(method: str, bits: int, modules: object) -> dict[str, int]:
                             "down)")
         if isinstance(width, bool) or not isinstance(width, int) or width not in record.bits:
             raise SpecError(f"{method} supports bits {record.bits_text()}, got {width!r} for module {name}")
+        key = f"{int(layer)}.{role}"
+        if key in seen:  # '0.v' and '00.v' name one weight: the later entry would silently win
+            raise SpecError(f"module {key!r} is given twice in the {method} spec (as {seen[key]!r} and {name!r}); "
+                            "give each weight once")
+        seen[key] = name
         if width != bits:
-            out[f"{int(layer)}.{role}"] = width
+            out[key] = width
     return dict(sorted(out.items(), key=lambda item: _module_key(item[0])))
 
 
@@ -347,6 +354,7 @@ def _checked_value(method: str, name: str, option: Option, value: object) -> Opt
         raise SpecError(f"{method} option {name} must be {option.accepts}, got {value!r}") from None
 
 
+@checked
 def parse_spec(spec: str | MethodSpec) -> MethodSpec:
     """Parse ``method:key=value,...`` into a :class:`MethodSpec`.
 
@@ -412,9 +420,34 @@ def _spec_from_plan(path: str) -> str:
     except (OSError, ValueError) as exc:
         raise SpecError(f"@{path}: cannot read a plan from it ({exc}); give @DIR/plan.json written by "
                         "interp prescribe") from None
+    return _plan_spec(record, path)
+
+
+def _plan_spec(record: object, path: str) -> str:
+    """The spec a plan record holds, refused when it names another plan or disagrees with the plan's widths.
+
+    A plan's ``spec`` is what quantizes; its ``widths`` say the same per weight. When a user edits
+    one and not the other, the edit would be silently ignored (or silently win), so the two must agree.
+    """
     if not isinstance(record, dict) or not isinstance(record.get("spec"), str):
         raise SpecError(f"@{path} holds no 'spec' entry; give @DIR/plan.json written by interp prescribe")
-    return record["spec"]
+    text = record["spec"]
+    if text.strip().startswith("@"):
+        raise SpecError(f"@{path}: its spec {text.strip()!r} names another plan file; a plan's spec must be a method "
+                        "spec such as 'gptq:bits=3|0.v=4' (regenerate it with interp prescribe)")
+    widths = record.get("widths")
+    if widths is None:
+        return text
+    spec = parse_spec(text)
+    if not isinstance(widths, dict):
+        raise SpecError(f"@{path}: 'widths' must map 'LAYER.ROLE' to bits, got {type(widths).__name__}")
+    for name, width in widths.items():
+        layer, _, role = str(name).partition(".")
+        if not layer.isdigit() or width != spec.bits_for(int(layer), role):
+            raise SpecError(f"@{path}: its widths and its spec disagree on {name!r} (widths: {width!r}, spec: "
+                            f"{spec.bits_for(int(layer), role) if layer.isdigit() else 'no such weight'}); "
+                            "edit both the same way, or regenerate the plan with interp prescribe")
+    return text
 
 
 def _split_pairs(method: str, body: str) -> dict[str, str]:
