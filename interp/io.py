@@ -25,6 +25,7 @@ This is a base module: it imports only :mod:`interp.errors` and the standard lib
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -35,6 +36,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -268,9 +270,10 @@ class PrivateFolder:
         except OSError as exc:
             raise fs_error(exc, self.path) from None
         self.name = str(self.path)
+        self._finalizer = weakref.finalize(self, _remove_tree, self.path)  # also when never closed
 
     def cleanup(self) -> None:
-        _remove_tree(self.path)
+        self._finalizer()
 
     def __enter__(self) -> Path:
         return self.path
@@ -349,11 +352,18 @@ def claim_folder(path: str | os.PathLike[str], kind: str, adopt: Adopt | None = 
     """
     real = check_output_folder(path)
     marker = _owned(real, _shown(path, real), kind, adopt)
+    made = [p for p in (real, *real.parents) if not p.exists()]  # the folders this call creates
     _make_dirs(real)
     clean_stale(real.parent)
     clean_stale(real)
     if marker is None or marker.get("adopted"):
-        _write_marker(real, kind, marker["files"] if marker else [])
+        try:
+            _write_marker(real, kind, marker["files"] if marker else [])
+        except ResourceError:
+            for folder in made:  # leave nothing behind: the folders made here, while still empty
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+            raise
     return real
 
 

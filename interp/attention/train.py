@@ -36,8 +36,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
-import shutil
 import statistics
 import sys
 import time
@@ -56,11 +54,14 @@ from torch import nn
 from interp.attention.metrics import METRICS, masked_mean, valid_query_mask
 from interp.attention.trainable import SAOBPConfig, build_llama, capture_prior_patterns, saobp_betas
 from interp.data import wiki_documents
-from interp.errors import InterpError, ResourceError
+from interp.errors import InterpError
+from interp.io import claim_folder, remove_owned, write_file, write_text
 
 MODEL_NAMES = ("baseline", "saobp")
 EOT = "<|endoftext|>"
 TIME_COLUMNS = ("wall_s", "step_s")
+RUN_KIND = "train-saobp"  # the kind in a run folder's interp marker (interp.io.MARKER); the command's name
+RUN_FILES = ("checkpoint", "log.csv", "log.json", "tokenizer.json")  # what a fresh run replaces
 
 __all__ = ["MODEL_NAMES", "TrainConfig", "load_log", "main", "run"]
 
@@ -392,15 +393,12 @@ def _batch_order(n_rows: int, step: int, config: TrainConfig, seed: int) -> torc
 
 
 def _atomic_json(path: Path, payload: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, allow_nan=True))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(payload, indent=1, allow_nan=True))
 
 
 def _atomic_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    tmp = path.with_suffix(".tmp")
-    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(tmp))
-    os.replace(tmp, path)
+    copies = {k: v.detach().contiguous().clone() for k, v in tensors.items()}
+    write_file(path, lambda tmp: save_file(copies, str(tmp)))
 
 
 def _save_checkpoint(folder: Path, step: int, runners: list[_Runner], wall_s: float) -> None:
@@ -431,9 +429,7 @@ def _load_checkpoint(folder: Path, runners: list[_Runner]) -> tuple[int, float]:
 
 def _write_log(out_dir: Path, records: list[dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame.from_records(records)
-    tmp = out_dir / "log.csv.tmp"
-    frame.to_csv(tmp, index=False)
-    os.replace(tmp, out_dir / "log.csv")
+    write_file(out_dir / "log.csv", lambda tmp: frame.to_csv(tmp, index=False))
     _atomic_json(out_dir / "log.json", records)
     return frame
 
@@ -448,10 +444,7 @@ def load_log(out_dir: str | Path) -> pd.DataFrame:
 
 def _prepare_out_dir(out_dir: Path, config: TrainConfig, seed: int, resume: bool) -> bool:
     """Create or check ``out_dir``; return whether a checkpoint should be resumed."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ResourceError(f"Cannot create output folder {out_dir}: {exc}. Pick a writable path.") from None
+    claim_folder(out_dir, RUN_KIND, adopt=_is_earlier_run)  # a folder interp did not make is refused
     settings = {"seed": seed, "config": asdict(config)}
     stored = out_dir / "config.json"
     has_checkpoint = (out_dir / "checkpoint" / "state.json").exists()
@@ -463,14 +456,21 @@ def _prepare_out_dir(out_dir: Path, config: TrainConfig, seed: int, resume: bool
                 "pick another out_dir, or pass resume=False to start over."
             )
         return True
-    for stale in ("checkpoint", "log.csv", "log.json", "tokenizer.json"):
-        target = out_dir / stale
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
+    remove_owned(out_dir, RUN_FILES, RUN_KIND)  # only these names, written by an earlier run; nothing else
     _atomic_json(stored, settings)
     return False
+
+
+def _is_earlier_run(folder: Path) -> bool:
+    """A run folder written before output folders carried interp's marker: its ``config.json`` is a run's
+    settings, and it holds nothing but a run's files."""
+    try:
+        stored = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    names = {"config.json", *RUN_FILES}
+    return isinstance(stored, dict) and {"seed", "config"} <= set(stored) and all(
+        p.name in names for p in folder.iterdir())
 
 
 def _data(out_dir: Path, config: TrainConfig) -> dict[str, torch.Tensor]:
@@ -480,7 +480,7 @@ def _data(out_dir: Path, config: TrainConfig) -> dict[str, torch.Tensor]:
         tokenizer = Tokenizer.from_file(str(path))
     else:
         tokenizer = train_tokenizer(train_texts, config.vocab_size)
-        tokenizer.save(str(path))
+        write_text(path, tokenizer.to_str(pretty=True))
     heldout = _rows(tokenizer, heldout_texts, config.seq_len)
     if len(heldout) < config.n_metric_rows:
         raise InterpError(f"Only {len(heldout)} held-out rows; lower n_metric_rows or use more documents.")
@@ -513,7 +513,8 @@ def run(
     """Train the baseline and the SAOBP model side by side and log how they compare.
 
     Args:
-        out_dir: folder for the tokenizer, log, checkpoints and settings.
+        out_dir: folder for the tokenizer, log, checkpoints and settings: new, empty or an earlier run's
+            (a folder holding other files is refused; see :func:`interp.io.claim_folder`).
         quick: use :meth:`TrainConfig.quick` (seconds) instead of :meth:`TrainConfig.full`.
         steps: override the number of optimisation steps.
         seed: seeds the weights (shared by both models) and the data order.

@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from interp.data import Examples, aligned_rows, counted_positions
 from interp.errors import InterpError
-from interp.io import read_safetensors
+from interp.io import read_safetensors, write_file
 from interp.localize.lens import EarlyExitResult
 from interp.models import Model, model_hash, model_name
 from interp.runtime import hooks as hk
@@ -74,11 +74,9 @@ class TunedLens:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        save_file({"weight": self.weight.contiguous(), "bias": self.bias.contiguous()}, str(tmp),
-                  metadata={"layers": json.dumps(self.layers), "settings": json.dumps(self.settings)})
-        os.replace(tmp, path)
+        tensors = {"weight": self.weight.contiguous(), "bias": self.bias.contiguous()}
+        metadata = {"layers": json.dumps(self.layers), "settings": json.dumps(self.settings)}
+        write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
         return path
 
     @classmethod
@@ -174,8 +172,8 @@ def tuned_lens_cached(model: Model, calibration: Examples, cache_dir: str | os.P
     if path.is_file():
         try:
             return TunedLens.load(path)
-        except Exception:  # noqa: BLE001 - a damaged cache file is refitted
-            path.unlink(missing_ok=True)
+        except Exception:  # noqa: BLE001 - a damaged cache file is refitted (and replaced whole by save)
+            pass
     lens = fit_tuned_lens(model, calibration, batch_size=batch_size, progress=progress)
     lens.save(path)
     return lens

@@ -39,12 +39,14 @@ from tqdm.auto import tqdm
 from interp import validate
 from interp.errors import InterpError
 from interp.figures import export_static
-from interp.io import atomic_write_bytes, ensure_writable_dir, write_json
+from interp.io import atomic_write_bytes, claim_folder, write_json
 from interp.report.context import MainRankOnly, ReportContext, ReportSettings, Stage, StageOutput
 from interp.report.html import _versions, render_html
 from interp.report.stages import STAGES
 from interp.report.stages.reproduction_table import reproduction_table
 from interp.runtime.distributed import local_device, process_group
+
+REPORT_KIND = "report"  # the kind in a report folder's interp marker (interp.io.MARKER); the command's name
 
 # ---------------------------------------------------------------------------------------
 # Stage persistence
@@ -106,7 +108,7 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
     settings = settings or ReportSettings()
     if stages is not None:  # before any folder is made: a misspelt stage must not give an empty report
         stages = validate.names(stages, "stages", valid=[s.name for s in STAGES], error=InterpError)
-    folder = ensure_writable_dir(out)
+    folder = claim_folder(out, REPORT_KIND)  # new, empty or an earlier report; anything else is refused
     chosen = [s for s in STAGES if stages is None or s.name in stages]
     device = local_device(settings.device) if settings.device == "cuda" else settings.device
     with process_group(device) as dist:  # torchrun: every rank runs the batched steps (_run_stages)

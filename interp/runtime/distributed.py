@@ -43,7 +43,7 @@ import atexit
 import hashlib
 import json
 import os
-import shutil
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,7 +55,7 @@ from tqdm.auto import tqdm
 
 from interp.data import Examples
 from interp.errors import InterpError
-from interp.io import ensure_writable_dir, write_json
+from interp.io import claim_folder, remove_owned, write_file, write_json
 from interp.runtime.batching import batches, show_progress
 
 __all__ = ["world", "local_device", "cores", "shard_bounds", "process_group", "map_batches", "Gathered",
@@ -63,6 +63,7 @@ __all__ = ["world", "local_device", "cores", "shard_bounds", "process_group", "m
 
 PART_SUFFIX = ".safetensors"
 MANIFEST = "manifest.json"
+PARTS_KIND = "batches"  # the kind in a parts folder's interp marker (interp.io.MARKER)
 
 
 # ---------------------------------------------------------------------------------------
@@ -207,11 +208,20 @@ def _prepare(parts: Path, settings: dict[str, Any], rank: int) -> None:
         same = json.loads(manifest.read_text(encoding="utf-8")) == json.loads(json.dumps(settings))
     except (OSError, ValueError):
         same = False
-    if not same and parts.exists():  # another run's batches (other examples, model or options): not ours
-        shutil.rmtree(parts)
-    ensure_writable_dir(parts)
-    if not same:
+    claim_folder(parts, PARTS_KIND, adopt=_is_parts)  # a folder holding anything else is refused
+    if not same:  # another run's batches (other examples, model or options): only its own files go
+        remove_owned(parts, [p.name for p in parts.iterdir() if _is_part_file(p.name)] + [MANIFEST], PARTS_KIND)
         write_json(manifest, settings)
+
+
+def _is_part_file(name: str) -> bool:
+    return re.fullmatch(r"\d{9}-\d{9}" + re.escape(PART_SUFFIX), name) is not None
+
+
+def _is_parts(folder: Path) -> bool:
+    """A parts folder written before output folders carried interp's marker: a manifest and batch files only."""
+    names = [p.name for p in folder.iterdir()]
+    return MANIFEST in names and all(n == MANIFEST or _is_part_file(n) for n in names)
 
 
 def _save_part(path: Path, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], rows: int) -> None:
@@ -221,10 +231,10 @@ def _save_part(path: Path, tensors: Mapping[str, torch.Tensor], meta: Mapping[st
         if value.ndim == 0 or value.shape[0] != rows:
             raise InterpError(f"map_batches: {name!r} has shape {tuple(value.shape)}; its first axis must be the "
                               f"batch's {rows} examples.")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp),
-              metadata={"meta": json.dumps(dict(meta)), "names": json.dumps(list(tensors))})
-    os.replace(tmp, path)  # atomic: a kill leaves the batch either finished or absent
+    flat = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    metadata = {"meta": json.dumps(dict(meta)), "names": json.dumps(list(tensors))}
+    # atomic: a kill leaves the batch either finished or absent (its temporary is cleaned on the next run)
+    write_file(path, lambda tmp: save_file(flat, str(tmp), metadata=metadata))
 
 
 def _load_part(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -35,7 +35,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,6 +43,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from interp.errors import ComponentError
+from interp.io import PrivateFolder
 from interp.models import Model
 from interp.runtime import hooks, placement
 
@@ -68,8 +68,8 @@ class WeightStash:
 
     def __init__(self, model: Model, folder: str | Path | None = None) -> None:
         self.model = model
-        self._tmp = tempfile.TemporaryDirectory(prefix="interp-stash-", dir=folder)
-        self.folder = Path(self._tmp.name)
+        self._tmp = PrivateFolder(folder)  # interp-stash-PID-…: a killed run's is removed by the next one
+        self.folder = self._tmp.path
         self.saved: set[int] = set()
 
     def _file(self, layer: int) -> Path:
