@@ -318,3 +318,78 @@ def test_report_stage_reads_the_committed_validation(tmp_path):
     assert out.tables["validation"].equals(committed) and "pareto" in out.figures
     other = STAGE.run(ReportContext(ReportSettings(model="gemma3-270m"), tmp_path, progress=False))
     assert not other.figures and "Not measured" in other.notes[0]
+
+
+# ---------------------------------------------------------------------------------------
+# The output-error proxy, split-half reliability, and the multiple-choice knapsack
+
+
+def test_proxy_equals_the_output_error_on_directly_captured_inputs(tiny_llama):
+    """tr(ΔW H ΔWᵀ) = ||X ΔWᵀ||² on each chunk's tokens, X captured here by GPTQ's own route (LayerFeeder,
+    block by block), ΔW recomputed, summed in float64. The proxy accumulates H in float32 over 3 x 12
+    tokens of O(1) activations: relative error ~1e-6, so 1e-4 is loose."""
+    from interp.quant.calibration import LayerFeeder
+    from interp.quant.methods import quantize_weight
+    from interp.quant.sensitivity import proxy_sensitivity
+
+    examples = interp.Examples.from_tokens(torch.randint(0, 256, (6, 12), generator=torch.Generator().manual_seed(1)))
+    result = proxy_sensitivity(tiny_llama, examples, widths=(2, 4), group=16, chunks=2, progress=False)
+    assert result.per_chunk.shape == (2 * 7, 2, 2) and result.tokens.tolist() == [36, 36]
+    for chunk in range(2):
+        rows = examples.subset(list(range(chunk, 6, 2)))
+        feeder = LayerFeeder(tiny_llama, rows.tokens, batch_size=8)
+        for index, (layer, role) in enumerate(zip(result.layers, result.roles, strict=True)):
+            X = feeder.inputs(layer, role).double()
+            W = hooks.linear_weights(tiny_llama, layer)[role].read().detach().float()
+            for w, bits in enumerate((2, 4)):
+                delta = (quantize_weight(W, f"rtn:bits={bits},group=16") - W).double()
+                want = float(((X @ delta.T) ** 2).sum())
+                assert result.per_chunk[index, w, chunk] == pytest.approx(want, rel=1e-4), (layer, role, bits)
+            if role == "down" and layer + 1 < hooks.n_layers(tiny_llama):
+                feeder.advance(layer)
+    assert (result.scores()[:, 0] > result.scores()[:, 1]).all()  # 2-bit errs more than 4-bit on every weight
+
+
+def test_split_half_is_one_for_identical_halves_and_matches_scipy():
+    from scipy.stats import spearmanr
+
+    from interp.quant.sensitivity import split_half
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(30, 1))
+    same = split_half(np.repeat(base, 6, axis=1), n_boot=50)
+    assert same["rho"] == pytest.approx(1.0) and same["low"] == pytest.approx(1.0)  # every draw ranks alike
+    values = rng.normal(size=(30, 6))
+    sizes = np.arange(1.0, 7.0)
+    got = split_half(values, sizes, n_boot=200)
+    want = spearmanr(values[:, ::2].sum(1) / sizes[::2].sum(), values[:, 1::2].sum(1) / sizes[1::2].sum())[0]
+    assert got["rho"] == pytest.approx(want, abs=1e-12)  # same ranks; float64 Pearson of ranks
+    assert got["low"] <= got["high"] and got["units"] == 3
+
+
+def test_multiple_choice_knapsack_against_brute_force():
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        items, options = 4, 3
+        costs = rng.integers(1, 9, size=(items, options)).tolist()
+        losses = (rng.integers(0, 64, size=(items, options)) / 8).tolist()  # dyadic: sums are exact
+        for capacity in range(0, 30, 3):
+            fits = [c for c in itertools.product(range(options), repeat=items)
+                    if sum(costs[i][o] for i, o in enumerate(c)) <= capacity]
+            if not fits:
+                with pytest.raises(SpecError, match="no choice"):
+                    pr.choose_options(losses, costs, capacity)
+                continue
+            best = min(sum(losses[i][o] for i, o in enumerate(c)) for c in fits)
+            got = pr.choose_options(losses, costs, capacity)
+            assert sum(costs[i][o] for i, o in enumerate(got)) <= capacity, (trial, capacity)
+            assert sum(losses[i][o] for i, o in enumerate(got)) == best, (trial, capacity)
+
+
+def test_knapsack_with_a_coarse_unit_still_fits():
+    rng = np.random.default_rng(4)
+    costs = rng.integers(10, 90, size=(6, 4)).tolist()
+    losses = rng.random((6, 4)).tolist()
+    for capacity in (200, 300, 400):
+        got = pr.choose_options(losses, costs, capacity, unit=7)
+        assert sum(costs[i][o] for i, o in enumerate(got)) <= capacity

@@ -59,8 +59,8 @@ if TYPE_CHECKING:
     from interp.data import Examples
     from interp.models import Model  # loads torch: the CLI imports this module while parsing options
 
-__all__ = ["Plan", "WeightShape", "average_bits", "fill", "greedy_order", "group_overhead_bits", "heuristic_order",
-           "plan_from_order", "prescribe", "random_order", "validate_request", "weight_bits"]
+__all__ = ["Plan", "WeightShape", "average_bits", "choose_options", "fill", "greedy_order", "group_overhead_bits",
+           "heuristic_order", "plan_from_order", "prescribe", "random_order", "validate_request", "weight_bits"]
 
 PLAN_FILE = "plan.json"
 ROLE_ORDER = ("q", "k", "v", "o", "gate", "up", "down")
@@ -174,6 +174,62 @@ def random_order(n: int, seed: int) -> list[int]:
     import numpy as np
 
     return [int(i) for i in np.random.default_rng(seed).permutation(n)]
+
+
+# ---------------------------------------------------------------------------------------
+# More than two widths: a multiple-choice knapsack
+
+
+def choose_options(losses: Sequence[Sequence[float]], costs: Sequence[Sequence[int]], capacity: int,
+                   unit: int = 1) -> list[int]:
+    """One option per item minimizing the summed loss with the summed cost at most ``capacity``.
+
+    Dynamic programming over cost (a multiple-choice knapsack): exact when ``unit`` is 1;
+    with a larger ``unit`` every cost is rounded *up* to a multiple of it and the capacity
+    down, so the choice always fits and is optimal for the rounded instance (its loss is at
+    most the optimum at ``capacity - items * unit``).
+
+    Args:
+        losses: ``[items][options]`` estimated loss of each option (e.g. the proxy at each width).
+        costs: ``[items][options]`` integer cost (bits) of each option.
+        capacity: the most the chosen options may cost in total.
+        unit: cost resolution; the table has ``capacity // unit + 1`` cells per item.
+
+    Raises:
+        SpecError: no choice fits (even the cheapest options together cost more than ``capacity``).
+
+    Example:
+        >>> choose_options([[3.0, 1.0, 0.0], [2.0, 0.5, 0.0]], [[1, 2, 3], [1, 2, 3]], capacity=4)
+        [1, 1]
+    """
+    import numpy as np
+
+    cells = capacity // unit
+    if cells < 0:
+        raise SpecError(f"capacity {capacity} is negative: no choice of options fits")
+    best = np.zeros(cells + 1)  # best[c]: least loss of the items so far at cost <= c * unit
+    choices = []
+    for item_losses, item_costs in zip(losses, costs, strict=True):
+        new = np.full(cells + 1, np.inf)
+        pick = np.zeros(cells + 1, dtype=np.int64)
+        for option, (loss, cost) in enumerate(zip(item_losses, item_costs, strict=True)):
+            need = -(-int(cost) // unit)  # rounded up
+            if need > cells:
+                continue
+            candidate = best[:cells + 1 - need] + float(loss)
+            better = candidate < new[need:]
+            new[need:][better] = candidate[better]
+            pick[need:][better] = option
+        best = new
+        choices.append(pick)
+    if not np.isfinite(best[cells]):
+        raise SpecError(f"no choice of options fits in {capacity} bits: the cheapest options cost more")
+    out, cell = [], cells
+    for item_costs, pick in zip(reversed(list(costs)), reversed(choices), strict=True):
+        option = int(pick[cell])
+        out.append(option)
+        cell -= -(-int(item_costs[option]) // unit)
+    return out[::-1]
 
 
 # ---------------------------------------------------------------------------------------

@@ -251,3 +251,171 @@ def _run(runner: DecoderRunner, hidden: torch.Tensor, start: int) -> torch.Tenso
     for layer in range(start, len(runner.blocks)):
         hidden = runner.block(layer, hidden, native=True)
     return hidden
+
+
+# ---------------------------------------------------------------------------------------
+# The no-forward proxy: each weight's output error on calibration inputs, at every width
+
+INPUT_GROUPS = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))  # roles that read the same input
+
+
+@dataclass(frozen=True)
+class ProxySensitivity:
+    """Per weight and width, the GPTQ objective ``tr(ΔW H ΔWᵀ)`` per calibration token, in chunks of examples.
+
+    ``H = XᵀX`` sums the weight's input over the tokens of a chunk (chunk ``c`` holds examples
+    ``c, c + K, c + 2K, ...``), ``ΔW`` is the weight's quantized value minus its own at that
+    width, so the score is the weight's squared output error summed over the chunk's tokens.
+
+    Attributes:
+        spec: the method spec of the widths (its ``bits`` is the first width).
+        layers, roles, weights: as :class:`Sensitivity`.
+        widths: the candidate bit widths.
+        per_chunk: ``[weights, widths, chunks]`` summed squared output error.
+        tokens: ``[chunks]`` tokens in each chunk.
+        settings: examples hash, seconds, model forwards.
+    """
+
+    spec: str
+    layers: list[int]
+    roles: list[str]
+    weights: list[int]
+    widths: list[int]
+    per_chunk: np.ndarray
+    tokens: np.ndarray
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        return [f"{layer}.{role}" for layer, role in zip(self.layers, self.roles, strict=True)]
+
+    def scores(self, chunks: Any = None) -> np.ndarray:
+        """``[weights, widths]`` squared output error per token over ``chunks`` (an index array; default all)."""
+        pick = slice(None) if chunks is None else np.asarray(chunks)
+        return self.per_chunk[:, :, pick].sum(axis=2) / self.tokens[pick].sum()
+
+
+def proxy_sensitivity(model: Model, examples: Examples, widths: tuple[int, ...] = (3, 4, 5, 6, 8),
+                      method: str = "rtn", group: int = 32, chunks: int = 8, batch_size: int = 8,
+                      progress: bool | None = None) -> ProxySensitivity:
+    """The output-error proxy for every block linear weight at every width, from one forward per batch.
+
+    Cost: the forwards (the decoder body, no unembedding) with ``XᵀX`` accumulated at each
+    input group, then per weight and width one ``ΔWᵀΔW`` (``d_out * d_in²``) shared by all chunks.
+
+    Args:
+        model: the reference bridge.
+        examples: calibration text kept apart from the evaluation set (and from GPTQ's calibration
+            when the scores are compared with it).
+        widths: candidate bit widths of ``method`` (a calibration-free quantizer: ``rtn``, ``nf``, ``hqq``).
+        group: group size of ``method``.
+        chunks: the examples are scored in this many interleaved chunks (even: the even and odd
+            chunks are the even and odd examples, the split halves). Memory: one ``d_in x d_in``
+            float32 Gram matrix per input group, layer and chunk (SmolLM2: 0.4 GB per chunk).
+        batch_size: examples per forward.
+
+    Raises:
+        InterpError: fewer examples than chunks, or a calibrated method.
+    """
+    from interp.quant.methods import quantize_weight
+
+    specs = [parse_spec(f"{method}:bits={bits},group={group}") for bits in widths]
+    if any(spec.method in ("gptq", "awq") for spec in specs):
+        raise InterpError(f"the proxy quantizes each weight on its own: use rtn, nf or hqq, not {method}")
+    check_examples(model, examples)
+    if len(examples) < chunks:
+        raise InterpError(f"the proxy splits the examples into {chunks} chunks: pass at least {chunks} examples")
+    start_time = time.perf_counter()
+    n_layers = hooks.n_layers(model)
+    names = [(layer, role) for layer in range(n_layers) for group_roles in INPUT_GROUPS for role in group_roles
+             if role in hooks.linear_weights(model, layer)]
+    grams, tokens = [], np.zeros(chunks)
+    bar = tqdm(total=chunks + len(names), desc="proxy sensitivity", unit="step", disable=not show_progress(progress))
+    for chunk in range(chunks):  # the inputs' Gram matrices, one set per chunk
+        gram, tokens[chunk] = _input_grams(model, examples.subset(list(range(chunk, len(examples), chunks))),
+                                           batch_size)
+        grams.append(gram)
+        bar.update(1)
+    out = np.zeros((len(names), len(widths), chunks))
+    sizes = []
+    for index, (layer, role) in enumerate(names):  # tr(ΔW H ΔWᵀ) = <ΔWᵀΔW, H>: one ΔWᵀΔW for every chunk
+        W = hooks.linear_weights(model, layer)[role].read().detach().float()
+        H = torch.stack([gram[layer, _group_of(role)] for gram in grams])  # [chunks, d_in, d_in]
+        for w, spec in enumerate(specs):
+            delta = quantize_weight(W, spec) - W
+            out[index, w] = (H * (delta.T @ delta)).sum(dim=(1, 2)).double().numpy()
+        sizes.append(int(W.numel()))
+        bar.update(1)
+    bar.close()
+    settings = {"examples": examples_hash(examples), "n": len(examples), "seq_len": examples.seq_len,
+                "examples_settings": dict(examples.settings), "seconds": time.perf_counter() - start_time,
+                "model_forwards": len(examples) / batch_size, "batch_size": batch_size, "chunks": chunks}
+    return ProxySensitivity(str(specs[0]), [layer for layer, _ in names], [role for _, role in names], sizes,
+                            list(widths), out, tokens, settings)
+
+
+def _group_of(role: str) -> int:
+    return next(i for i, roles in enumerate(INPUT_GROUPS) if role in roles)
+
+
+def _input_grams(model: Model, rows: Examples, batch_size: int) -> tuple[dict[tuple[int, int], torch.Tensor], int]:
+    """``XᵀX`` of each input group's input over every token of ``rows`` (one forward per batch), and the token count."""
+    gram: dict[tuple[int, int], torch.Tensor] = {}
+
+    def adder(key: tuple[int, int]) -> Any:
+        def add(x: torch.Tensor, hook: Any) -> None:
+            flat = x.detach().reshape(x.shape[0] * x.shape[1], -1).float().cpu()  # [batch * pos, d_in]
+            gram[key] = gram[key] + flat.T @ flat if key in gram else flat.T @ flat
+
+        return add
+
+    fwd = []
+    for layer in range(hooks.n_layers(model)):
+        present = hooks.linear_weights(model, layer)
+        for index, roles in enumerate(INPUT_GROUPS):
+            role = next((r for r in roles if r in present), None)
+            if role is not None:
+                fwd.append((hooks.linear_input_hook(model, layer, role), adder((layer, index))))
+    device = next(model.original_model.parameters()).device
+    with torch.no_grad(), model.hooks(fwd_hooks=fwd):
+        for first, last in batches(len(rows), batch_size):
+            hooks.decoder_body(model)(input_ids=rows.tokens[first:last].to(device))
+    return gram, int(rows.tokens.numel())
+
+
+def split_half(values: np.ndarray, sizes: np.ndarray | None = None, n_boot: int = 1000, seed: int = 0
+               ) -> dict[str, float]:
+    """Split-half Spearman of per-item scores: even units against odd units, with a bootstrap interval.
+
+    Args:
+        values: ``[items, units]``, each unit's contribution (an example's score, or a chunk's
+            summed error).
+        sizes: ``[units]`` what each unit counts (tokens); a half's score is its values' sum over
+            its sizes' sum. None: every unit counts 1 (the half's mean).
+        n_boot, seed: bootstrap resamples; each draws the units of each half with replacement.
+
+    Returns:
+        ``rho`` (the two halves' Spearman over the items), its 95% percentile interval
+        ``low``/``high``, and ``units`` per half.
+    """
+    from scipy.stats import rankdata
+
+    sizes = np.ones(values.shape[1]) if sizes is None else np.asarray(sizes, dtype=np.float64)
+    even, odd = np.arange(0, values.shape[1], 2), np.arange(1, values.shape[1], 2)
+
+    def halves(pick_even: np.ndarray, pick_odd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # pick_*: [draws, units] indices -> [items, draws] scores of each half
+        a = values[:, pick_even].sum(axis=2) / sizes[pick_even].sum(axis=1)
+        b = values[:, pick_odd].sum(axis=2) / sizes[pick_odd].sum(axis=1)
+        return a, b
+
+    def rho(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        ra, rb = rankdata(a, axis=0), rankdata(b, axis=0)
+        ra, rb = ra - ra.mean(axis=0), rb - rb.mean(axis=0)
+        return (ra * rb).sum(axis=0) / np.sqrt((ra * ra).sum(axis=0) * (rb * rb).sum(axis=0))
+
+    point = float(rho(*halves(even[None], odd[None]))[0])
+    rng = np.random.default_rng(seed)
+    draws = rho(*halves(rng.choice(even, (n_boot, len(even))), rng.choice(odd, (n_boot, len(odd)))))
+    return {"rho": point, "low": float(np.percentile(draws, 2.5)), "high": float(np.percentile(draws, 97.5)),
+            "units": len(even)}
