@@ -1,7 +1,8 @@
 """Write the tables of docs/reproduction.md from the committed data, so that no number in them is typed by hand.
 
-    python docs/build_reproduction.py --write     # rewrite docs/reproduction.md's blocks and side_by_side.csv
-    python docs/build_reproduction.py --check     # exit 1 when the page and the data differ (tests/test_docs.py)
+    python docs/build_reproduction.py --write     # rewrite docs/reproduction.md's blocks, side_by_side.csv, and the
+                                                  # verdict blocks of docs/patching.md, early_exit.md, quantization.md
+    python docs/build_reproduction.py --check     # exit 1 when a page and the data differ (tests/test_docs.py)
 
 Every column is re-judged by today's rules (``interp.report.reproduction``) from the measurements its
 run stored (``results.json`` of a report; ``reproduction.csv`` of the confirmatory analysis). Two
@@ -37,6 +38,8 @@ from interp.report.stages.saobp_training import (  # noqa: E402
 )
 
 RENAMED = {  # claims whose wording changed since a report printed them: today's text -> the old text
+    "Patching up (upper half of layers) into the quantized model recovers less than down and gate":
+        "Patching up (upper half of layers) into the quantized model recovers little",
     "Per-example errors agree across methods once token noise is removed (this project's noise ceiling)":
         "Per-example errors agree across methods once measurement noise is removed (this project's noise ceiling)",
 }
@@ -47,6 +50,92 @@ EXPLORATORY = DATA / "smollm2-wiki-2026-12-01"  # the newest complete SmolLM2 re
 EARLIER = DATA / "smollm2-wiki"  # the earlier complete SmolLM2 report (kernels not recorded)
 GEMMA = DATA / "gemma3-wiki"
 CONFIRMATORY = DATA / "smollm2-confirmatory-1"
+BEFORE_ISSUE33 = DATA / "side_by_side_before_issue33.csv"  # every column's verdicts under the rules before issue 33
+RECORDED = "SmolLM2 confirmatory-1 (as recorded)"
+POST_HOC = "SmolLM2 confirmatory-1 re-read (post hoc)"
+RELABELLED = {"consistent with the paper": rp.CONSISTENT}  # registration 1's name for the same conclusion set
+_INTERVAL = re.compile(r"(-?\d+(?:\.\d+)?)(%?) \[(-?\d+(?:\.\d+)?)%?, (-?\d+(?:\.\d+)?)%?\]")
+
+
+def _parsed(text: str, which: int = 0) -> rp.Estimate:
+    """The ``which``-th "value [low, high]" of a recorded cell (percentages as fractions)."""
+    value, pct, low, high = _INTERVAL.findall(text)[which]
+    f = 0.01 if pct else 1.0
+    return rp.Estimate(float(value) * f, float(low) * f, float(high) * f)
+
+
+def _row(frame: pd.DataFrame, column: str, value: object) -> pd.Series:
+    return frame[frame[column] == value].iloc[0]
+
+
+def _span(row: pd.Series, value: str, low: str, high: str) -> rp.Estimate:
+    return rp.Estimate(float(row[value]), float(row[low]), float(row[high]))
+
+
+def _recorded() -> pd.DataFrame:
+    """Registration 1's committed table, its rows named by today's claim texts (same claims, same order) and its
+    verdicts by today's names (the conclusions are the same)."""
+    recorded = pd.read_csv(CONFIRMATORY / "reproduction.csv")
+    if len(recorded) != len(rp.CLAIMS):
+        raise SystemExit("smollm2-confirmatory-1/reproduction.csv no longer has one row per claim")
+    recorded["claim"] = [c.claim for c in rp.CLAIMS.values()]
+    recorded["verdict"] = recorded["verdict"].replace(RELABELLED)
+    return recorded
+
+
+def confirmatory1_measurements() -> dict[str, rp.Measurement]:
+    """Registration 1's committed numbers as today's measurements, for a post hoc reading under today's rules.
+
+    Read from ``docs/data/reproduction/smollm2-confirmatory-1``: the control and patching tables at full
+    precision, the other rows from the recorded cells (two or three decimals). Its per-example data were not
+    committed, so nothing is re-sampled: the intervals are registration 1's nested bootstrap, and every row
+    measured on its 2 localization instances carries ``instances = 2`` (instance-limited under today's rules).
+    Restoration's paired top-minus-random difference cannot be formed from the committed tables.
+    """
+    recorded = _recorded().set_index("claim")
+    text = {c.key: str(recorded.loc[c.claim, "measured here"]) for c in rp.CLAIMS.values()}
+    two = {"instances": rp.Estimate(2, 2, 2)}
+    out = {k: rp.Measurement(untestable=str(recorded.loc[rp.CLAIMS[k].claim, "why"]))
+           for k in ("saobp_inference", "saobp_training_entropy", "saobp_training_loss", "saobp_training_gtd",
+                     "early_exit_logit")}
+    out["agreement"] = rp.Measurement({"pearson": _parsed(text["agreement"])}, text["agreement"])
+    out["agreement_disattenuated"] = rp.Measurement(
+        {"pearson": _parsed(text["agreement_disattenuated"]), "ceiling": _parsed(text["agreement_disattenuated"], -1)},
+        text["agreement_disattenuated"])
+    chance = float(re.search(r"chance (\d\.\d+)", text["jaccard_top10"]).group(1))
+    out["jaccard_top10"] = rp.Measurement({"jaccard": _parsed(text["jaccard_top10"]), "chance": rp.Estimate(chance)},
+                                          text["jaccard_top10"])
+    for key, name in (("norm_error", "r_3bit"), ("kurtosis", "diff"), ("outlier_gamma", "percentile")):
+        out[key] = rp.Measurement({name: _parsed(text[key])}, text[key])
+    out["gate_input"] = rp.Measurement({"diff": _parsed(text["gate_input"]), **two}, text["gate_input"])
+    h = pd.read_csv(CONFIRMATORY / "controls_h_mse_all_examples.csv")
+    upper = h[h["layer"] >= (h["layer"].max() + 1) // 2]
+    above, below = int((upper["corr_low"] > rp.H_MSE_LEVEL).sum()), int((upper["corr_high"] < rp.H_MSE_LEVEL).sum())
+    out["reversal_h_mse"] = rp.Measurement(
+        {"layers_above": rp.Estimate(above), "layers_below": rp.Estimate(below),
+         "upper_layers": rp.Estimate(len(upper)),
+         "instances": rp.Estimate(1, 1, 1)},
+        f"{above} of {len(upper)} upper layers wholly above 0.6, {below} wholly below, over all 560 examples "
+        f"(instance 1 only)")
+    ee = pd.read_csv(CONFIRMATORY / "controls_early_exit.csv")
+    ee = ee[ee["statistic"] == "D_large gap"]
+    shares = {rp._share_key(float(r["fraction"])): _span(r, "share", "low", "high") for _, r in ee.iterrows()}
+    out["early_exit_tuned"] = rp.Measurement({**shares, **two}, "share of layers after the split at 0.33 / 0.5 / "
+                                             "0.67 of the final gap: " + ", ".join(s.text(percent=True)
+                                                                                   for s in shares.values()))
+    top = _row(pd.read_csv(CONFIRMATORY / "controls_restoration.csv"), "layers restored", "top")
+    out["restoration"] = rp.Measurement(
+        {"recovery": _span(top, "recovery_nll", "low", "high"), "recovery_ppl": _span(top, "recovery_ppl", "ppl_low",
+                                                                                      "ppl_high"), **two},
+        text["restoration"] + "; the paired top-minus-random difference needs per-example data that were not committed")
+    patching = pd.read_csv(CONFIRMATORY / "patching.csv")
+    for component in ("down", "gate", "up", "attn_out"):
+        r = _row(patching, "component", component)
+        out[f"patch_{component}"] = rp.Measurement(
+            {"recovery": _span(r, "recovery_nll", "low", "high"), "recovery_ppl": _span(r, "recovery_ppl", "ppl_low",
+                                                                                        "ppl_high"),
+             "margin": _span(r, "margin", "margin_low", "margin_high"), **two}, text[f"patch_{component}"])
+    return out
 
 
 def _legacy(key: str, m: rp.Measurement) -> rp.Measurement:
@@ -93,9 +182,11 @@ def earlier_verdicts(folder: Path) -> dict[str, str]:
 
 
 def columns() -> dict[str, pd.DataFrame]:
+    """The exploratory and Gemma columns judged by today's rules; registration 1's column as recorded under its
+    registered rules, and beside it the same committed numbers read post hoc under today's rules."""
     tables = {"SmolLM2 exploratory (n=128)": report_table(EXPLORATORY)}
-    if (CONFIRMATORY / "reproduction.csv").exists():
-        tables["SmolLM2 confirmatory (held-out)"] = pd.read_csv(CONFIRMATORY / "reproduction.csv")
+    tables[RECORDED] = _recorded()
+    tables[POST_HOC] = rp.reproduction_frame(confirmatory1_measurements())
     tables["Gemma-3-270m (n=128)"] = report_table(GEMMA)
     return tables
 
@@ -115,7 +206,13 @@ def provenance() -> str:
                      "selected and measured on": "the same examples and the same quantized model"})
     if (CONFIRMATORY / "summary.json").exists():
         s = json.loads((CONFIRMATORY / "summary.json").read_text())
-        rows.insert(1, {"column": "SmolLM2 confirmatory (held-out)", "data": f"`{CONFIRMATORY.relative_to(ROOT)}`",
+        rows.insert(1, {"column": POST_HOC, "data": f"`{CONFIRMATORY.relative_to(ROOT)}` (its committed tables)",
+                        "examples": f"{s['n']} x 128 (held out), D_large {s['d_large']}", "methods": 5,
+                        "CPU kernels": s["kernels"],
+                        "selected and measured on": "the recorded numbers of the column before, judged by today's "
+                                                    "rules; post hoc (today's rules were written after seeing them), "
+                                                    "and not re-sampled (the per-example data were not committed)"})
+        rows.insert(1, {"column": RECORDED, "data": f"`{CONFIRMATORY.relative_to(ROOT)}`",
                         "examples": f"{s['n']} x 128 (held out), D_large {s['d_large']}",
                         "methods": 5, "CPU kernels": s["kernels"],
                         "selected and measured on": f"D_large selected on instance 0, measured on instances 1-"
@@ -181,24 +278,68 @@ def _fmt(d: dict) -> str:
 
 def references() -> str:
     rows = [{"model": name, "reference (read from its GGUF file)": json.loads((folder / "results.json").read_text())
-             .get("reference", "not recorded")} for name, folder in (("SmolLM2-135M", EXPLORATORY), ("Gemma-3-270m", GEMMA))]
+             .get("reference", "not recorded")}
+            for name, folder in (("SmolLM2-135M", EXPLORATORY), ("Gemma-3-270m", GEMMA))]
     return rp.markdown_table(pd.DataFrame(rows))
 
 
 def levels() -> str:
+    """Every level with its scale and where it comes from (the paper's table, model and method)."""
+    t4 = "the paper's Table 4, Llama3-8B AWQ3: D_large perplexity {p} patched, {q} quantized, {r} reference"
+    pp = rp.PATCH_PPL
     rows = [
-        ("agreement level", rp.AGREEMENT_LEVEL, "the paper's weakest model (Qwen2.5-7B); its mean over 50 pairs is 0.82"),
-        ("Jaccard level", rp.JACCARD_LEVEL, "the paper's mean top-10% Jaccard"),
-        ("norm/error level", rp.NORM_LEVEL, "the paper's weakest last-layer correlation"),
-        ("corr(||h||, MSE)", rp.H_MSE_LEVEL, "the paper: above this in most upper layers"),
-        ("outlier gamma", rp.OUTLIER_LEVEL, "'the smallest gamma': within the smallest tenth of dimensions"),
-        ("early-exit share", round(rp.EARLY_EXIT_LEVEL, 4), "the paper's 7 of 40 layers"),
-        ("restoration", rp.RESTORATION_LEVEL, "the paper's (8.67 - 8.05) / (8.67 - 5.60) on perplexity"),
-        *((f"patching {c}", v, "the paper's Llama3-8B AWQ3 recovery") for c, v in rp.PATCH_LEVELS.items()),
-        ("'little' (this project's)", rp.LITTLE, "restoration, up, attention: the band [0, this) is 'little'"),
-        ("last quarter (this project's)", rp.EARLY_EXIT_SHARE, "early exit: a split after this share contradicts"),
+        ("agreement", rp.AGREEMENT_LEVEL, "Pearson", "the paper's stated mean over its 50 method pairs, all models"),
+        ("Jaccard", rp.JACCARD_LEVEL, "Jaccard", "the paper's mean top-10% Jaccard over pairs"),
+        ("norm/error", rp.NORM_LEVEL, "Pearson", "the weakest of the paper's four last-layer correlations (Qwen2.5-7B; "
+                                                 "Llama3-8B -0.76, Mistral-12B -0.78, Llama3-70B -0.80)"),
+        ("corr(||h||, MSE)", rp.H_MSE_LEVEL, "Pearson", "the paper: above this in most upper layers"),
+        ("outlier gamma", rp.OUTLIER_LEVEL, "share of dims", "'the smallest gamma': within the smallest tenth"),
+        ("early-exit share", rp.EARLY_EXIT_LEVEL, "share of layers", "the paper's last ~7 of 40 layers "
+                                                                      "(Mistral-12B AWQ3)"),
+        ("restoration", rp.RESTORATION_LEVEL, "NLL recovery", "the paper's top 7 of 40 layers restored: 8.67 -> 8.05, "
+                                                              "reference 5.60 (a 40-layer model, Mistral-12B AWQ3)"),
+        ("restoration, perplexity scale (shown beside)", rp.RESTORATION_LEVEL_PPL, "perplexity recovery", "the same"),
+        *((f"patching {c}", v, "NLL recovery", t4.format(p=pp[c], q=pp["quantized"], r=pp["reference"]))
+          for c, v in rp.PATCH_LEVELS.items() if c != "up"),
+        *((f"patching {c}, perplexity scale (shown beside)", v, "perplexity recovery", "the same")
+          for c, v in rp.PATCH_LEVELS_PPL.items() if c != "up"),
+        ("patching up", "none", "-", "the paper's own up recovery varies by model ("
+         + ", ".join(f"{m} {100 * v:+.0f}%" for m, v in rp.UP_RECOVERY_BY_MODEL_PPL.items())
+         + ", Table 4): the row judges the ordering only"),
+        ("'little' (this project's)", rp.LITTLE, "NLL recovery", "restoration and attention: the band [0, this) of the "
+                                                                 "NLL gap; the perplexity reading beside uses half the "
+                                                                 "perplexity gap"),
+        ("last quarter (this project's)", rp.EARLY_EXIT_SHARE, "share of layers",
+         "early exit: a split after this share contradicts"),
     ]
-    return rp.markdown_table(pd.DataFrame(rows, columns=["level", "value", "where it comes from"]))
+    frame = pd.DataFrame(rows, columns=["level", "value", "scale", "where it comes from"])
+    frame["value"] = [f"{v:.4f}" if isinstance(v, float) else str(v) for v in frame["value"]]
+    return rp.markdown_table(frame)
+
+
+def issue33_changes() -> str:
+    """Every verdict on this page before issue 33's rules (``side_by_side_before_issue33.csv``) against today's."""
+    before = pd.read_csv(BEFORE_ISSUE33)
+    cols = columns()
+    now = rp.side_by_side(cols)
+    old_names = {"SmolLM2 confirmatory (held-out)": RECORDED}
+    rows = []
+    for i, claim in enumerate(now["claim"]):
+        for column in [c for c in before.columns if c.endswith(": verdict")]:
+            name = column[: -len(": verdict")]
+            new_column = f"{old_names.get(name, name)}: verdict"
+            old, new = str(before.iloc[i][column]), str(now.iloc[i][new_column])
+            if RELABELLED.get(old, old) != new:
+                table = cols[old_names.get(name, name)].set_index("claim")
+                rows.append({"column": name, "claim": claim, "before": old, "now": new,
+                             "why": str(table.loc[claim, "why"])})
+        rows.append({"column": POST_HOC, "claim": claim,
+                     "before": str(before.iloc[i]["SmolLM2 confirmatory (held-out): verdict"]),
+                     "now": str(now.iloc[i][f"{POST_HOC}: verdict"]),
+                     "why": str(cols[POST_HOC].set_index("claim").loc[claim, "why"])})
+    frame = pd.DataFrame(rows)
+    frame = frame[frame["before"].replace(RELABELLED) != frame["now"]]
+    return rp.markdown_table(frame)
 
 
 def sensitivity() -> str:
@@ -222,8 +363,34 @@ def sensitivity() -> str:
     return rp.markdown_table(pd.DataFrame(rows))
 
 
-BLOCKS = {"references": references, "levels": levels, "sensitivity": sensitivity, "provenance": provenance, "columns": main_table, "controls": confirmatory_controls,
-          "machines": machines, "changed": changed_verdicts}
+BLOCKS = {"references": references, "levels": levels, "sensitivity": sensitivity, "provenance": provenance,
+          "columns": main_table, "controls": confirmatory_controls, "machines": machines, "changed": changed_verdicts,
+          "issue33": issue33_changes}
+
+
+# Capability pages whose verdicts are the reproduction table's rows (a generated ``verdicts`` block each)
+PAGE_CLAIMS = {
+    "patching.md": ["patch_down", "patch_gate", "patch_up", "patch_attn_out", "gate_input"],
+    "early_exit.md": ["early_exit_logit", "early_exit_tuned", "restoration"],
+    "quantization.md": ["agreement", "agreement_disattenuated", "jaccard_top10", "norm_error", "reversal_h_mse",
+                        "kurtosis", "outlier_gamma"],
+}
+
+
+def page_verdicts(keys: list[str]) -> str:
+    """The reproduction table's verdicts for some claims, every column (the measurements are on reproduction.md)."""
+    table = rp.side_by_side(columns())
+    table = table[table["claim"].isin([rp.CLAIMS[k].claim for k in keys])]
+    keep = ["claim", "paper value"] + [c for c in table.columns if c.endswith(": verdict")]
+    return rp.markdown_table(table[keep])
+
+
+def render_page(name: str, page: str) -> str:
+    """A capability page with its ``verdicts`` block regenerated."""
+    pattern = re.compile(r"(<!-- verdicts:begin -->\n).*?(<!-- verdicts:end -->)", re.S)
+    if not pattern.search(page):
+        raise SystemExit(f"docs/{name} has no 'verdicts' block")
+    return pattern.sub(lambda m: m.group(1) + page_verdicts(PAGE_CLAIMS[name]) + m.group(2), page)
 
 
 def render(page: str) -> str:
@@ -244,12 +411,17 @@ def main(argv: list[str] | None = None) -> int:
     page = PAGE.read_text()
     fresh = render(page)
     csv = rp.side_by_side(columns()).to_csv(index=False)
+    pages = {ROOT / "docs" / name: render_page(name, (ROOT / "docs" / name).read_text()) for name in PAGE_CLAIMS}
     if args.write:
         PAGE.write_text(fresh)
         (DATA / "side_by_side.csv").write_text(csv)
+        for path, text in pages.items():
+            path.write_text(text)
         return 0
-    if fresh != page or (DATA / "side_by_side.csv").read_text() != csv:
-        print("docs/reproduction.md differs from the committed data: run python docs/build_reproduction.py --write")
+    stale = [path.name for path, text in pages.items() if path.read_text() != text]
+    if fresh != page or (DATA / "side_by_side.csv").read_text() != csv or stale:
+        print(f"docs/reproduction.md{', ' + ', '.join(stale) if stale else ''} differ from the committed data: run "
+              "python docs/build_reproduction.py --write")
         return 1
     return 0
 
