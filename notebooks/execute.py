@@ -124,13 +124,16 @@ def browser_path() -> str | None:
     return path if Path(path).exists() else None
 
 
-def kernel_env(renderer: str = RENDERER, quick: bool = True, **overrides: str) -> dict[str, str]:
+def kernel_env(renderer: str = RENDERER, quick: bool = True, **overrides: str | None) -> dict[str, str]:
     """The environment the kernel runs in: this process's, plus the quick (or full-size) settings, plus
-    ``overrides``."""
+    ``overrides`` (a value of None removes the variable: ``ATEN_CPU_CAPABILITY=None`` runs the CPU's
+    own kernels)."""
     env = dict(os.environ, **(QUICK_ENV if quick else BASE_ENV))
     if not quick:
         env.pop("INTERP_NB_N", None)
-    env.update(overrides, PLOTLY_RENDERER=renderer)
+    env.update({k: v for k, v in overrides.items() if v is not None}, PLOTLY_RENDERER=renderer)
+    for name in [k for k, v in overrides.items() if v is None]:
+        env.pop(name, None)
     env.setdefault("OMP_NUM_THREADS", "1")
     if "png" in renderer:
         browser = browser_path()
@@ -141,7 +144,7 @@ def kernel_env(renderer: str = RENDERER, quick: bool = True, **overrides: str) -
 
 
 def execute(path: Path, renderer: str = QUICK_RENDERER, timeout: int = TIMEOUT_S, quick: bool = True,
-            **overrides: str):
+            **overrides: str | None):
     """Execute the notebook at ``path`` top to bottom and return it with its outputs (not written).
 
     ``quick`` runs at ``INTERP_NB_N=4``; otherwise at the notebook's own defaults. ``overrides`` replace

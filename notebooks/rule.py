@@ -204,6 +204,37 @@ def as_tuples(value):
     return value
 
 
+NOISE_FLOOR = 1e-4
+
+
+def noise_numbers(form) -> list[str]:
+    """Printed numbers in a normalised form (:func:`normalise`) that can only be rounding residuals.
+
+    A notebook computes in float32 on values of order 1 to 1e3, so a difference it prints below
+    ``NOISE_FLOOR`` (about 1e3 float32 units of a value of order 1) is the order in which a CPU added,
+    not a property of the model: another CPU prints another one (1.9e-06 became 2.9e-06 on an AVX-512
+    machine), and no record can pin it. Such a check prints whether it is within its bound instead.
+    Exact zeros and numbers of 1e-4 or more pass.
+    """
+    found: list[str] = []
+
+    def walk(value) -> None:
+        if isinstance(value, str):
+            for token in _NUMBER.findall(value):
+                try:
+                    x = abs(float(token))
+                except ValueError:
+                    continue
+                if 0 < x < NOISE_FLOOR:
+                    found.append(token)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+
+    walk(form)
+    return found
+
+
 def differ(a, b) -> list[str]:
     """Where two normalised forms (:func:`normalise`) differ: one line per differing code cell."""
     a = [[as_tuples(o) for o in cell] for cell in a]
