@@ -279,6 +279,11 @@ CASES = [
     Case("prescribe", "prescribe --method gptq --bits 3,4 --budget 3.5 --out {d}/plan", "strictly between"),
     Case("prescribe", "prescribe --method gptq --bits 3,9 --budget 4.0 --out {d}/plan", "supports bits"),
     Case("prescribe", "prescribe --method zzz --bits 3,4 --budget 4.0 --out {d}/plan", "unknown method"),
+    # -- circuit: the prompt pair and the pairs file, before any model loads
+    Case("circuit", "circuit --clean 'a b' --corrupt 'a c' --answer ' b' --out {d}/c", "Missing --wrong"),
+    Case("circuit", "circuit --pairs {d}/good.txt --clean 'a b' --out {d}/c", "either --pairs FILE or"),
+    Case("circuit", "circuit --pairs {d}/notext.jsonl --out {d}/c", "lacks clean, corrupt, answer, wrong"),
+    Case("circuit", "circuit --clean 'a b' --corrupt 'a c' --answer ' b' --wrong ' c' --top 0 --out {d}/c", "--top"),
 ]
 
 
