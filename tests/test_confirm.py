@@ -164,6 +164,14 @@ def test_run_and_analyse_on_a_tiny_model(tmp_path, corpus, monkeypatch):
     assert set(controls["share"]) == {0.5} and len(controls) == 6
     written = confirm.write_results(result, tmp_path / "data")
     assert (written / "reproduction.csv").exists() and json.loads((written / "summary.json").read_text())["n"] == 40
+    # the committed raw data regenerate every committed table (what `confirm --analyse-only` does)
+    committed = confirm.write_results(planted, tmp_path / "committed", raw_from=out)
+    again = confirm.analyse(p, committed / "raw")
+    for name in ("reproduction", "controls_restoration", "controls_early_exit", "controls_h_mse_all_examples",
+                 "patching", "noise_ceiling_pairs"):
+        assert again[name].equals(planted[name]), name
+    meta = json.loads((committed / "raw" / "examples.json").read_text())
+    assert len(meta["ids"]) == 40 and meta["threads"] >= 1 and meta["commit"] and meta["kernels"]
 
 
 def test_analysis_of_an_unfinished_run_is_a_clear_error_and_writes_nothing(tmp_path, corpus):

@@ -258,6 +258,7 @@ def run(p: Preregistration, out: str | Path, progress: bool | None = None) -> Pa
     examples = heldout_examples(model.tokenizer, p)
     write_json(folder.out / "examples.json", {"ids": list(examples.ids), "settings": examples.settings,
                                               "vocab": int(model.cfg.d_vocab), "kernels": kernels("cpu"),
+                                              "threads": torch.get_num_threads(), "commit": _commit(),
                                               "preregistration": p.name,
                                               "preregistration_sha256": p.sha256})
     bs = p.batch_size
@@ -292,6 +293,20 @@ def run(p: Preregistration, out: str | Path, progress: bool | None = None) -> Pa
         _localize(folder, p, model, split, calibrations[instance], instance, lens, progress,
                   everything=examples)
     return folder.out
+
+
+def _commit() -> str:
+    """The checkout's git commit (with ``+dirty`` when it has uncommitted changes), or why it is unknown."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+    return head + ("+dirty" if dirty else "")
 
 
 def _norms(model: Any, examples: Examples, bs: int, progress: bool | None) -> dict[str, Any]:
@@ -667,10 +682,26 @@ def _reversal_claims(revs: list[dict[str, Any]], every: list[dict[str, Any]], n_
     }
 
 
-def write_results(result: dict[str, Any], folder: str | Path) -> Path:
-    """The analysis as committed data: ``reproduction.csv``, the control tables and ``summary.json``."""
+RAW = ("examples.json", "split.json", "localize", "token_nll")  # what analyse reads: the run's raw data
+
+
+def write_results(result: dict[str, Any], folder: str | Path, raw_from: str | Path | None = None) -> Path:
+    """The analysis as committed data: ``reproduction.csv``, the control tables and ``summary.json``; with
+    ``raw_from`` (the run's folder) also its raw data under ``raw/`` (example ids, the split, per-example and
+    per-token values, the run's commit, kernels and threads), from which ``--analyse-only`` regenerates every
+    table."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
+    if raw_from is not None:
+        import shutil
+
+        for name in RAW:
+            source, target = Path(raw_from) / name, out / "raw" / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if source.is_dir():
+                shutil.copytree(source, target, dirs_exist_ok=True)
+            elif source.exists():
+                shutil.copy2(source, target)
     result["reproduction"].to_csv(out / "reproduction.csv", index=False)
     for name in ("controls_restoration", "controls_early_exit", "controls_h_mse_all_examples", "patching",
                  "noise_ceiling_pairs"):
@@ -698,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}")
         return 2
     if args.write:
-        write_results(result, args.write)
+        write_results(result, args.write, raw_from=args.out)
     print(result["reproduction"][["claim", "measured here", "verdict"]].to_string())
     return 0
 
