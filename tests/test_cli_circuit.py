@@ -8,13 +8,11 @@ import re
 
 import pandas as pd
 import pytest
-import torch
-import transformers as tf
 from plotly.offline import get_plotlyjs
+from test_cli_lens import model_folder  # noqa: F401  (a fixture: the tiny model folder)
 
 import interp
 from interp.cli.main import main
-from interp.models import TINY_VOCAB, tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # one_thread: conftest.py
 
@@ -25,15 +23,9 @@ OUTPUTS = ["circuit.html", "settings.json", "figures/plotly.min.js",
 
 
 @pytest.fixture(scope="module")
-def model_folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli-circuit")
-    torch.manual_seed(0)
-    config = tf.LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                            bos_token_id=256, eos_token_id=257, pad_token_id=258)
-    tf.AutoModelForCausalLM.from_config(config).save_pretrained(root)
-    tiny_tokenizer().save_pretrained(root)
-    return root
+def model(model_folder):  # noqa: F811
+    """test_cli_lens's tiny llama folder (byte tokenizer: one token a character, so answers are letters)."""
+    return str(model_folder / "model")
 
 
 def no_url_outside_plotly_js(page: str) -> list[str]:
@@ -48,10 +40,10 @@ def no_url_outside_plotly_js(page: str) -> list[str]:
     return found
 
 
-def test_a_pair_from_the_command_line_writes_the_page_tables_and_figures(model_folder, tmp_path, capsys,
+def test_a_pair_from_the_command_line_writes_the_page_tables_and_figures(model, tmp_path, capsys,
                                                                          no_network):
     out = tmp_path / "circuit"
-    code = main(["circuit", "--model", str(model_folder), "--clean", CLEAN, "--corrupt", CORRUPT, "--answer", "M",
+    code = main(["circuit", "--model", model, "--clean", CLEAN, "--corrupt", CORRUPT, "--answer", "M",
                  "--wrong", "J", "--top", "3", "--movers", "1", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     for name in OUTPUTS:
@@ -62,21 +54,21 @@ def test_a_pair_from_the_command_line_writes_the_page_tables_and_figures(model_f
     confirmed = pd.read_csv(out / "tables" / "confirmed.csv")
     assert len(confirmed) == 3 and list(confirmed["rank"]) == [1, 2, 3]
     attention = pd.read_csv(out / "tables" / "attention.csv", keep_default_na=False)
-    model = interp.load_model(model_folder)
-    assert list(attention["token"]) == [model.tokenizer.decode([t]) for t in
-                                        interp.examples_from_texts([CLEAN], model.tokenizer).tokens[0].tolist()]
+    tokenizer = interp.load_model(model).tokenizer
+    assert list(attention["token"]) == [tokenizer.decode([t]) for t in
+                                        interp.examples_from_texts([CLEAN], tokenizer).tokens[0].tolist()]
     assert json.loads((out / "settings.json").read_text())["pairs"][0]["answer"] == "M"
     assert "EAP's top edges against exact path patching" in capsys.readouterr().out
 
 
-def test_pairs_from_a_jsonl_file(model_folder, tmp_path):
+def test_pairs_from_a_jsonl_file(model, tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     rows = [{"clean": CLEAN, "corrupt": CORRUPT, "answer": "M", "wrong": "J"},
             {"clean": "Then Tom and Ann ate, Ann passed it to", "corrupt": "Then Tom and Ann ate, Bob passed it to",
              "answer": "T", "wrong": 65}]  # an answer may be a token id
     pairs.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     out = tmp_path / "out"
-    assert main(["circuit", "--model", str(model_folder), "--pairs", str(pairs), "--top", "2", "--movers", "0",
+    assert main(["circuit", "--model", model, "--pairs", str(pairs), "--top", "2", "--movers", "0",
                  "--out", str(out)]) == 0
     assert len(pd.read_csv(out / "tables" / "pairs.csv")) == 2
     assert not (out / "figures" / "attention.html").exists()  # no movers: no attention figure
@@ -119,8 +111,8 @@ def test_a_bad_pairs_file_is_one_line_before_the_model_loads(text, message, tmp_
     assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
 
 
-def test_a_multi_token_answer_is_one_line_that_shows_its_tokens(model_folder, tmp_path, capsys):
-    assert main(["circuit", "--model", str(model_folder), "--clean", CLEAN, "--corrupt", CORRUPT, "--answer",
+def test_a_multi_token_answer_is_one_line_that_shows_its_tokens(model, tmp_path, capsys):
+    assert main(["circuit", "--model", model, "--clean", CLEAN, "--corrupt", CORRUPT, "--answer",
                  " Mary", "--wrong", "J", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "answer ' Mary' is 5 tokens" in err and "' ', 'M', 'a', 'r', 'y'" in err and err.count("\n") == 1
