@@ -393,3 +393,40 @@ def test_knapsack_with_a_coarse_unit_still_fits():
     for capacity in (200, 300, 400):
         got = pr.choose_options(losses, costs, capacity, unit=7)
         assert sum(costs[i][o] for i, o in enumerate(got)) <= capacity
+
+
+def test_llama_cpp_plan_end_to_end_on_a_tiny_model(tiny_llama, tmp_path):
+    """Types from the widths' options after the fallback, under the budget, a tighter budget never estimated
+    better, and a tensor-type file llama-quantize's format reader (ours) takes with the model's names."""
+    from interp.quant import llama_cpp as lc
+
+    examples = interp.Examples.from_tokens(torch.randint(0, 256, (4, 12), generator=torch.Generator().manual_seed(2)))
+    shapes = pr.model_shapes(tiny_llama)
+    # width 64 forbids K-quants: 3 -> q4_0 (4.5), 4 -> q5_0 (5.5), 6 and 8 -> q8_0 (8.5)
+    loose = pr.prescribe_llama_cpp(tiny_llama, 6.5, examples, widths=(3, 4, 6, 8), chunks=2, progress=False)
+    tight = pr.prescribe_llama_cpp(tiny_llama, 5.0, examples, widths=(3, 4, 6, 8), chunks=2, progress=False)
+    for plan in (loose, tight):
+        assert plan.achieved <= plan.budget
+        for s, options in zip(shapes, pr.llama_options(shapes, (3, 4, 6, 8)), strict=True):
+            assert plan.types[s.name] in options
+    # the tight choice also fits the loose table (rounded costs, more cells), so the DP's optimum there is no worse
+    assert loose.estimated_loss <= tight.estimated_loss
+    path = loose.save(tmp_path, shapes)
+    items = lc.read_tensor_types(path, [lc.gguf_name(s.layer, s.role) for s in shapes])
+    assert [t for _, t in items] == [loose.types[s.name] for s in shapes]
+    assert json.loads((tmp_path / "llama_plan.json").read_text())["achieved_bits_per_weight"] == loose.achieved
+    with pytest.raises(SpecError, match="outside what widths 4,6,8 allow on this model"):
+        pr.prescribe_llama_cpp(tiny_llama, 5.0, examples, widths=(4, 6, 8), chunks=2, progress=False)
+
+
+def test_cli_checks_a_llama_cpp_request_before_loading_a_model(capsys, monkeypatch, tmp_path):
+    from interp.cli.main import main
+
+    monkeypatch.setattr(interp.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    cases = ((["--bits", "4,6,8", "--budget", "9"], "outside what widths 4,6,8 allow"),
+             (["--bits", "4,7", "--budget", "5"], "at least two widths from"),
+             (["--bits", "4,6", "--budget", "4"], "outside what widths"))
+    for argv, words in cases:
+        code = main(["prescribe", "--format", "llama.cpp", "--out", str(tmp_path), *argv])
+        assert code == 2, argv
+        assert words in capsys.readouterr().err, argv

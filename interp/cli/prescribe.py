@@ -21,14 +21,15 @@ from interp.cli.common import add_checks, add_model_data, check_out, command, fl
 from interp.quant.spec import METHODS
 
 
-def _bits(text: str) -> tuple[int, int]:
+def _bits(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bits must be two whole numbers like 3,4; got {text!r}") from None
-    if len(values) != 2:
-        raise argparse.ArgumentTypeError(f"bits must be two widths, low and high, like 3,4; got {text!r}")
-    return values[0], values[1]
+        raise argparse.ArgumentTypeError(f"bits must be whole numbers like 3,4; got {text!r}") from None
+    if len(values) < 2:
+        raise argparse.ArgumentTypeError(f"bits must be two widths or more, like 3,4 (or 3,4,5,6,8 with --format "
+                                         f"llama.cpp); got {text!r}")
+    return values
 
 
 def _method(text: str) -> str:
@@ -40,16 +41,26 @@ def _method(text: str) -> str:
 
 
 def check_request(args: argparse.Namespace) -> None:
-    """Supported widths, and a budget strictly between the two ends (SpecError otherwise)."""
-    from interp.quant.prescribe import validate_request
+    """Supported widths, and a budget the widths allow (SpecError otherwise)."""
+    from interp.quant.prescribe import check_llama_budget, validate_request
 
-    validate_request(args.method, args.bits, args.budget, args.group)
+    if args.format == "llama.cpp":
+        check_llama_budget(None, args.bits, args.budget)
+    else:
+        validate_request(args.method, args.bits, args.budget, args.group)
 
 
 def _args(p: argparse.ArgumentParser) -> None:
     add_model_data(p, n=32, seq_len=128)
     p.add_argument("--method", default="gptq", type=_method, help=f"quantizer, one of {', '.join(METHODS)}")
-    p.add_argument("--bits", default=(3, 4), type=_bits, help="the two bit widths, low,high (e.g. 3,4)")
+    p.add_argument("--bits", default=(3, 4), type=_bits,
+                   help="the two bit widths, low,high (e.g. 3,4); with --format llama.cpp the candidate widths, "
+                        "e.g. 4,5,6,8 (each becomes its llama.cpp type: Q4_K, Q5_K, Q6_K, Q8_0, before the shape "
+                        "fallback)")
+    p.add_argument("--format", default="interp", choices=("interp", "llama.cpp"),
+                   help="interp: plan.json for interp quantize; llama.cpp: tensor_types.txt for llama-quantize "
+                        "--tensor-type-file, types chosen by the output-error proxy, the budget in llama.cpp bits "
+                        "per weight over the block linear weights")
     p.add_argument("--budget", required=True, type=float_in(0, 64, low_open=True),
                    help="average bits per weight, group scales and zero-points counted (gptq group 64: 3.5 to "
                         "4.5 for 3,4)")
@@ -71,6 +82,8 @@ def cmd_prescribe(args: argparse.Namespace) -> int:
     set_threads(args)
     start = time.time()
     model, calibration = load_model_and_examples(args, split="calibration")
+    if args.format == "llama.cpp":
+        return _llama_cpp(args, model, calibration, start)
     plan = prescribe(model, args.method, args.bits, args.budget, calibration=calibration, group=args.group,
                      sensitivity_n=args.sensitivity_n, batch_size=args.batch_size, progress=not args.quiet and None)
     path = plan.save(args.out)
@@ -84,4 +97,17 @@ def cmd_prescribe(args: argparse.Namespace) -> int:
     print(f"{high} of {len(plan.widths)} weights at {max(args.bits)} bits: {plan.achieved:.4f} bits per weight "
           f"(budget {plan.budget:g}; ends {plan.ends[0]:.4f} and {plan.ends[1]:.4f}), {time.time() - start:.0f} s. "
           f"Saved {path}")
+    return 0
+
+
+def _llama_cpp(args: argparse.Namespace, model: object, calibration: object, start: float) -> int:
+    from interp.quant.prescribe import model_shapes, prescribe_llama_cpp
+
+    plan = prescribe_llama_cpp(model, args.budget, calibration, widths=args.bits, chunks=min(8, len(calibration)),
+                               batch_size=args.batch_size, progress=not args.quiet and None)
+    path = plan.save(args.out, model_shapes(model))
+    mixes = ", ".join(f"{mix} {bits:.3f}" for mix, bits in plan.baselines.items())
+    print(f"{plan.achieved:.4f} bits per weight over the block linear weights (budget {plan.budget:g}; ends "
+          f"{plan.ends[0]:.4f} and {plan.ends[1]:.4f}; llama.cpp's own mixes here: {mixes}), "
+          f"{time.time() - start:.0f} s. Saved {path}: llama-quantize --tensor-type-file {path} ...")
     return 0

@@ -477,3 +477,113 @@ def compare_strategies(errors: Any, meta: dict[str, tuple[str, float, float]], l
     table = pd.DataFrame(rows)
     return Validation(table, {"n": len(errors), "n_large": len(large), "n_boot": n_boot, "seed": seed,
                               "reference": reference, "low": low, "high": high})
+
+
+# ---------------------------------------------------------------------------------------
+# A llama.cpp plan: a tensor type per block weight, chosen by the output-error proxy
+
+
+@dataclass(frozen=True)
+class LlamaPlan:
+    """A llama.cpp type per block linear weight (after the shape fallback) and what it costs.
+
+    Attributes:
+        types: ``"layer.role"`` -> ggml type, e.g. ``"12.down": "q6_k"``.
+        budget, achieved: asked and reached bits per weight over the block linear weights.
+        ends: the averages with every weight at its cheapest and at its dearest option.
+        baselines: llama.cpp's own mixes' averages on this model (``Q4_K_M``...).
+        estimated_loss: the summed proxy of the chosen options.
+        settings: widths, proxy examples and seconds.
+    """
+
+    types: dict[str, str]
+    budget: float
+    achieved: float
+    ends: tuple[float, float]
+    baselines: dict[str, float]
+    estimated_loss: float
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, folder: str | os.PathLike[str], shapes: Sequence[WeightShape]) -> Path:
+        """Write ``tensor_types.txt`` (``llama-quantize --tensor-type-file``) and ``llama_plan.json``."""
+        from interp.io import ensure_writable_dir, sanitize, write_json
+        from interp.quant.llama_cpp import write_tensor_types
+
+        out = ensure_writable_dir(Path(folder))
+        write_json(out / "llama_plan.json", sanitize({
+            "types": self.types, "budget": self.budget, "achieved_bits_per_weight": self.achieved,
+            "ends_bits_per_weight": list(self.ends), "llama_cpp_mixes_bits_per_weight": self.baselines,
+            "estimated_loss": self.estimated_loss, "settings": self.settings}))
+        return write_tensor_types(out / "tensor_types.txt", shapes, self.types)
+
+
+# the width each stored type is scored at (the proxy's RTN grid of that many bits)
+TYPE_SCORE_BITS = {"q2_k": 2, "q3_k": 3, "q4_0": 4, "q4_1": 4, "q4_k": 4, "q5_0": 5, "q5_1": 5, "q5_k": 5,
+                   "q6_k": 6, "q8_0": 8}
+
+
+def llama_options(shapes: Sequence[WeightShape], widths: Sequence[int]) -> list[list[str]]:
+    """Per weight, the distinct stored llama.cpp types the ``widths`` give it (fallback applied), cheapest first."""
+    from interp.quant.llama_cpp import bits_per_weight, type_for_bits
+
+    options = []
+    for s in shapes:
+        types = dict.fromkeys(type_for_bits(b, s.d_in) for b in sorted(widths))
+        options.append(sorted(types, key=bits_per_weight))
+    return options
+
+
+def check_llama_budget(shapes: Sequence[WeightShape] | None, widths: Sequence[int], budget: float
+                       ) -> tuple[float, float]:
+    """The cheapest and dearest averages the widths allow (nominal types without ``shapes``); SpecError outside."""
+    from interp.quant.llama_cpp import BITS_TYPES, bits_per_weight
+
+    bad = [b for b in widths if b not in BITS_TYPES or BITS_TYPES[b] not in TYPE_SCORE_BITS]
+    if bad or len(set(widths)) < 2:
+        raise SpecError(f"give at least two widths from {', '.join(str(b) for b in (2, 3, 4, 5, 6, 8))} for llama.cpp "
+                        f"types; got {','.join(map(str, widths))}")
+    if shapes:
+        total = sum(s.size for s in shapes)
+        per = [[bits_per_weight(t) for t in opts] for opts in llama_options(shapes, widths)]
+        ends = (sum(s.size * p[0] for s, p in zip(shapes, per, strict=True)) / total,
+                sum(s.size * p[-1] for s, p in zip(shapes, per, strict=True)) / total)
+    else:
+        ends = (bits_per_weight(BITS_TYPES[min(widths)]), bits_per_weight(BITS_TYPES[max(widths)]))
+    if not (isinstance(budget, (int, float)) and ends[0] <= budget <= ends[1]):
+        where = "on this model (llama.cpp's shape fallback counted)" if shapes else "for these widths' types"
+        raise SpecError(f"budget {budget} bits per weight is outside what widths {','.join(map(str, widths))} allow "
+                        f"{where}: {ends[0]:.4f} to {ends[1]:.4f}")
+    return ends
+
+
+def prescribe_llama_cpp(model: Model, budget: float, calibration: Examples, widths: Sequence[int] = (3, 4, 5, 6, 8),
+                        chunks: int = 8, batch_size: int = 8, progress: bool | None = None) -> LlamaPlan:
+    """llama.cpp types for every block linear weight under ``budget`` bits per weight, by the output-error proxy.
+
+    Each weight's options are the types its widths give it after llama.cpp's shape fallback; each
+    option is scored by :func:`~interp.quant.sensitivity.proxy_sensitivity` at that type's width
+    (RTN, group 32), costed at the type's bits per weight, and :func:`choose_options` picks the
+    least summed proxy that fits (cost resolution: 1/50000 of the budget).
+    """
+    from interp.quant.llama_cpp import MIXES, bits_per_weight, mix_types, types_average_bits
+    from interp.quant.sensitivity import proxy_sensitivity
+
+    shapes = model_shapes(model)
+    ends = check_llama_budget(shapes, widths, budget)
+    options = llama_options(shapes, widths)
+    score_bits = sorted({TYPE_SCORE_BITS[t] for opts in options for t in opts})
+    proxy = proxy_sensitivity(model, calibration, tuple(score_bits), chunks=chunks, batch_size=batch_size,
+                              progress=progress)
+    scores = dict(zip(proxy.names, proxy.scores(), strict=True))
+    losses = [[float(scores[s.name][score_bits.index(TYPE_SCORE_BITS[t])]) for t in opts]
+              for s, opts in zip(shapes, options, strict=True)]
+    costs = [[round(s.size * bits_per_weight(t)) for t in opts] for s, opts in zip(shapes, options, strict=True)]
+    capacity = math.floor(budget * sum(s.size for s in shapes))
+    chosen = choose_options(losses, costs, capacity, unit=max(1, capacity // 50000))
+    types = {s.name: opts[o] for s, opts, o in zip(shapes, options, chosen, strict=True)}
+    baselines = {mix: types_average_bits(shapes, mix_types(shapes, mix)) for mix in MIXES}
+    settings = {"widths": list(widths), "proxy": proxy.spec, "proxy_examples": len(calibration),
+                "proxy_seconds": proxy.settings["seconds"], "calibration": dict(calibration.settings),
+                "score": "tr(ΔW H ΔWᵀ) per calibration token at the type's width (RTN, group 32)"}
+    return LlamaPlan(types, float(budget), types_average_bits(shapes, types), ends, baselines,
+                     float(sum(loss[o] for loss, o in zip(losses, chosen, strict=True))), settings)
