@@ -34,6 +34,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 import threading
 import weakref
@@ -213,8 +214,12 @@ def write_file(path: str | os.PathLike[str], produce: Callable[[Path], None]) ->
     clean_stale(target.parent)
     tmp = target.parent / _temp_name(target.name)
     try:
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask applies, as to any file
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any file
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        os.close(fd)
         _fill(tmp, produce)
+        if stat.S_IMODE(os.stat(tmp).st_mode) != mode:  # safetensors' save_file, for one, makes its file 0600
+            os.chmod(tmp, mode)
         os.replace(tmp, target)
     except OSError as exc:
         _remove_tree(tmp)
@@ -404,7 +409,20 @@ def staged_folder(path: str | os.PathLike[str], kind: str, adopt: Adopt | None =
         _remove_tree(tmp)
 
 
+def _umask_modes(tmp: Path) -> None:
+    """Give every file and folder under ``tmp`` the umask's modes, as ``tmp`` itself has (made with 0o777):
+    some writers (safetensors, for one) make their files 0600 whatever the umask."""
+    folder_mode = stat.S_IMODE(os.stat(tmp).st_mode)
+    for parent, dirs, files in os.walk(tmp):
+        for name, mode in [*((d, folder_mode) for d in dirs), *((f, folder_mode & 0o666) for f in files)]:
+            path = os.path.join(parent, name)
+            info = os.lstat(path)
+            if not stat.S_ISLNK(info.st_mode) and stat.S_IMODE(info.st_mode) != mode:
+                os.chmod(path, mode)
+
+
 def _install(tmp: Path, real: Path, shown: str, kind: str, adopt: Adopt | None) -> None:
+    _umask_modes(tmp)
     new = sorted(os.listdir(tmp))
     marker = _owned(real, shown, kind, adopt)  # again: the folder may have changed while the output was made
     if marker is None and not real.exists():

@@ -1,0 +1,457 @@
+"""The one output writer (interp.io): what interp never deletes, replaces or leaves half-written.
+
+- a property test: for random trees of a user's files (nested folders, a symlink, a read-only
+  folder), any sequence of writer calls leaves every pre-existing file, folder and link as it was;
+- every command with an ``--out`` (enumerated from the CLI's registry, so a new command is covered
+  without editing this file) over hostile folders: exit 2, one line, no traceback, nothing changed;
+- one real ``interp quantize --out`` on a tiny model folder;
+- the umask, a SIGKILLed writer's leftovers, and an AST guard that every delete, rename and
+  temporary goes through interp/io.py ("one door per effect", /work/shared/DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import errno
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from interp import io
+from interp.errors import ResourceError
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_cli_hostile import intercept_work, run_cli  # noqa: E402  (the CLI table's own harness)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------------
+# Snapshots of a user's tree
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every path under ``root`` (not following links): its type, mode, and bytes or link target."""
+    seen: dict[str, tuple] = {}
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in dirs + files:
+            path = Path(folder) / name
+            info = path.lstat()
+            rel = str(path.relative_to(root))
+            if stat.S_ISLNK(info.st_mode):
+                seen[rel] = ("link", os.readlink(path))
+            elif stat.S_ISDIR(info.st_mode):
+                seen[rel] = ("dir", stat.S_IMODE(info.st_mode))
+            else:
+                seen[rel] = ("file", stat.S_IMODE(info.st_mode), path.read_bytes())
+    return seen
+
+
+def unchanged(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
+    """The pre-existing paths that changed or went (new paths are allowed)."""
+    return [path for path, what in before.items() if after.get(path) != what]
+
+
+@contextmanager
+def working_folder(path: Path) -> Iterator[None]:
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+@contextmanager
+def umask(mask: int) -> Iterator[None]:
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def user_tree(root: Path, files: list[tuple[str, bytes]]) -> None:
+    """A user's files: the drawn ones, plus a nested folder, a symlink to a folder and a read-only folder."""
+    (root / "docs" / "deep").mkdir(parents=True)
+    (root / "docs" / "deep" / "notes.txt").write_bytes(b"keep me")
+    for name, data in files:
+        (root / name).write_bytes(data)
+    (root / "link").symlink_to(root / "docs", target_is_directory=True)
+    (root / "ro").mkdir()
+    (root / "ro" / "frozen.txt").write_bytes(b"read-only")
+    (root / "ro").chmod(0o555)
+    (root / "empty").mkdir()
+
+
+# ---------------------------------------------------------------------------------------
+# Property: no sequence of writer calls changes a pre-existing path
+
+TARGETS = [".", "..", "docs", "docs/deep", "link", "link/deep", "ro", "empty", "new", "docs/new", "link/new",
+           "a.txt", "~"]
+KINDS = ["report", "quantized"]
+NAMES = ["a.txt", "notes.txt", "deep", "w.bin", io.MARKER]
+
+user_names = st.sampled_from(["a.txt", "b.csv", "c.json", "quant.json", "index.html"])
+ops = st.lists(st.one_of(
+    st.tuples(st.just("claim"), st.sampled_from(TARGETS), st.sampled_from(KINDS), st.lists(st.sampled_from(NAMES))),
+    st.tuples(st.just("stage"), st.sampled_from(TARGETS), st.sampled_from(KINDS), st.lists(st.sampled_from(NAMES)),
+              st.booleans()),
+    st.tuples(st.just("remove"), st.sampled_from(TARGETS), st.sampled_from(KINDS), st.lists(st.sampled_from(NAMES))),
+    st.tuples(st.just("stash"), st.sampled_from(TARGETS)),
+), min_size=1, max_size=6)
+
+
+class Failed(Exception):
+    """Raised inside a staged folder: the work failed part-way."""
+
+
+def apply_op(op: tuple) -> None:
+    kind_of = op[0]
+    if kind_of == "claim":
+        folder = io.claim_folder(op[1], op[2])
+        for name in op[3]:
+            if name != io.MARKER and not (folder / name).is_dir():
+                io.write_bytes(folder / name, b"interp " + name.encode())
+    elif kind_of == "stage":
+        with io.staged_folder(op[1], op[2]) as tmp:
+            for name in op[3]:
+                if name != io.MARKER:
+                    io.write_bytes(tmp / name, b"staged " + name.encode())
+            if op[4]:
+                raise Failed
+    elif kind_of == "remove":
+        io.remove_owned(op[1], op[3], op[2])
+    else:
+        io.PrivateFolder(op[1]).cleanup()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(files=st.lists(st.tuples(user_names, st.binary(max_size=16)), max_size=4, unique_by=lambda f: f[0]),
+       sequence=ops)
+def test_no_writer_call_changes_a_users_file(files, sequence):
+    with tempfile.TemporaryDirectory() as top:
+        root = Path(top) / "home"
+        root.mkdir()
+        user_tree(root, files)
+        before = snapshot(Path(top))
+        try:
+            with working_folder(root):
+                old_home = os.environ.get("HOME")
+                os.environ["HOME"] = str(root / "docs")  # "~" is a user's folder too
+                try:
+                    for op in sequence:
+                        try:
+                            apply_op(op)
+                        except (ResourceError, Failed):
+                            pass  # a refusal (or a failed piece of work) is allowed; a change is not
+                finally:
+                    if old_home is None:
+                        del os.environ["HOME"]
+                    else:
+                        os.environ["HOME"] = old_home
+            after = snapshot(Path(top))
+            assert unchanged(before, after) == []
+            leftovers = [p for p in after if io.is_temporary(Path(p).name)]
+            assert leftovers == []  # nothing half-written: every temporary was renamed into place or removed
+        finally:
+            (root / "ro").chmod(0o755)
+
+
+def test_refusals_name_the_folder_and_the_fix(tmp_path, monkeypatch):
+    user, home, other = tmp_path / "user", tmp_path / "home", tmp_path / "other"
+    for folder in (user, home, other):
+        folder.mkdir()
+    (user / "thesis.tex").write_text("years of work")
+    (other / "data.csv").write_text("1,2")
+    monkeypatch.chdir(user)
+    monkeypatch.setenv("HOME", str(home))
+    cases = {"../other": "not empty", ".": "working folder", "..": "ancestor of the working folder",
+             "~": "home folder", "/": "root folder", "thesis.tex": "is a file"}
+    for target, why in cases.items():
+        with pytest.raises(ResourceError, match=why) as caught:
+            io.claim_folder(target, "report")
+        assert "Choose an empty or new folder" in str(caught.value) and "\n" not in str(caught.value)
+    io.claim_folder(tmp_path / "fresh", "quantized")
+    with pytest.raises(ResourceError, match="'quantized' output, not a 'report' one"):
+        io.claim_folder(tmp_path / "fresh", "report")
+    assert (user / "thesis.tex").read_text() == "years of work"
+
+
+def test_a_symlink_is_resolved_and_never_moved(tmp_path):
+    real = tmp_path / "real"
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)  # a link to a folder that does not exist yet
+    with io.staged_folder(link, "quantized") as tmp:
+        io.write_bytes(tmp / "w.bin", b"1")
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert (real / "w.bin").read_bytes() == b"1"
+    (real / "mine.txt").write_text("user")
+    with io.staged_folder(link, "quantized") as tmp:  # an earlier output of the same kind: interp's files replaced
+        io.write_bytes(tmp / "v.bin", b"2")
+    assert link.is_symlink()
+    assert sorted(p.name for p in real.iterdir()) == [io.MARKER, "mine.txt", "v.bin"]  # w.bin was interp's
+
+
+def test_full_disk_is_one_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
+    def full(tmp, produce):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(io, "_fill", full)
+    with pytest.raises(ResourceError, match=r"Could not write .*out.*disk is full"):
+        io.claim_folder(out, "report")
+    assert list(tmp_path.iterdir()) == []  # not even the empty folder it had made
+    with pytest.raises(ResourceError, match="disk is full"), io.staged_folder(out, "quantized") as tmp:
+        io.write_bytes(tmp / "w.bin", b"1")
+    assert list(tmp_path.iterdir()) == []
+    for code, words in [(errno.EROFS, "read-only"), (errno.EACCES, "permission denied"),
+                        (errno.EDQUOT, "quota")]:
+        monkeypatch.setattr(io, "_fill", lambda tmp, produce, code=code: (_ for _ in ()).throw(OSError(code, "x")))
+        with pytest.raises(ResourceError, match=words):
+            io.write_bytes(tmp_path / "f.json", b"{}")
+        assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------
+# Every command with an --out, over hostile folders
+
+REQUIRED = {"--method": "rtn:bits=4,group=32", "--budget": "3.75"}  # values for the other required options
+# options a command's own checks ask for (a command missing here fails the new-folder control below, by name)
+EXTRA = {"circuit": ["--clean", "The capital of France is", "--corrupt", "The capital of Italy is",
+                     "--answer", " Paris", "--wrong", " Rome"]}
+
+
+def out_commands() -> list[str]:
+    """Every registered command whose ``--out`` names its output folder (``errors``' names its input)."""
+    import interp.cli.main  # noqa: F401 - registers every command
+    from interp.cli.common import COMMANDS
+
+    names = []
+    for name, (_, configure, _) in sorted(COMMANDS.items()):
+        parser = argparse.ArgumentParser()
+        configure(parser)
+        if any("--out" in a.option_strings and a.dest == "out" for a in parser._actions):
+            names.append(name)
+    return names
+
+
+def argv_for(name: str, out: str) -> list[str]:
+    from interp.cli.common import COMMANDS
+
+    parser = argparse.ArgumentParser()
+    COMMANDS[name][1](parser)
+    argv = [name, "--out", out, *EXTRA.get(name, [])]
+    for action in parser._actions:
+        if action.required and action.dest != "out":
+            option = action.option_strings[0]
+            assert option in REQUIRED, f"{name} requires {option}: add a valid value to REQUIRED"
+            argv += [option, REQUIRED[option]]
+    return argv
+
+
+HOSTILE = ["foreign", "dot", "home", "symlink", "read-only", "full"]
+
+
+def hostile_target(case: str, top: Path, monkeypatch) -> str:
+    user = top / "user"
+    if case == "dot":
+        monkeypatch.chdir(user)
+        return "."
+    if case == "home":
+        monkeypatch.setenv("HOME", str(user))
+        return "~"
+    if case == "symlink":
+        (top / "link").symlink_to(user, target_is_directory=True)
+        return str(top / "link")
+    if case == "read-only":
+        return str(user / "ro")
+    if case == "full":
+        monkeypatch.setattr(io, "_fill", lambda tmp, produce: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+        return str(top / "new")
+    return str(user)
+
+
+@pytest.mark.parametrize("name", out_commands())
+def test_every_out_command_refuses_hostile_folders(name, tmp_path, monkeypatch, capsys):
+    intercept_work(monkeypatch)
+    monkeypatch.setenv("INTERP_CACHE", str(tmp_path / "cache"))
+    fresh = run_cli(argv_for(name, str(tmp_path / "fresh")), capsys)
+    assert fresh.kind == "work", fresh  # the checks pass on a new folder: a refusal below is the folder's doing
+    for case in HOSTILE:
+        top = tmp_path / case
+        (top / "user" / "ro").mkdir(parents=True)
+        (top / "user" / "report.csv").write_text("a user's table")
+        (top / "user" / "ro" / "frozen.txt").write_text("read-only")
+        (top / "user" / "ro").chmod(0o555)
+        before = snapshot(top)
+        with monkeypatch.context() as patch:
+            outcome = run_cli(argv_for(name, hostile_target(case, top, patch)), capsys)
+            after = snapshot(top)
+        (top / "user" / "ro").chmod(0o755)
+        lines = [line for line in outcome.err.splitlines() if line.strip()]
+        assert outcome.kind == "exit" and outcome.code == 2, (name, case, outcome)
+        assert len(lines) == 1 and "Traceback" not in outcome.err and "error:" in lines[0], (name, case, outcome)
+        assert unchanged(before, after) == [], (name, case)
+
+
+@pytest.mark.slow
+def test_quantize_on_a_tiny_model_folder_keeps_a_users_files(tmp_path, monkeypatch, capsys):
+    """One real run: a user's folder is refused, a new one is written (umask modes), and a rerun of the
+    same kind replaces interp's files and leaves one the user dropped in."""
+    import interp
+    from interp.models import export_hf
+
+    monkeypatch.setenv("INTERP_CACHE", str(tmp_path / "cache"))
+    model_dir = tmp_path / "tiny"
+    export_hf(interp.tiny_model("llama"), model_dir)
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "results.csv").write_text("mine")
+    base = ["quantize", "--model", str(model_dir), "--method", "rtn:bits=4,group=32", "--n", "2", "--seq-len", "16",
+            "--quiet"]
+    with umask(0o022):
+        refused = run_cli([*base, "--out", str(user)], capsys)
+        assert (refused.kind, refused.code) == ("exit", 2) and "not empty" in refused.err
+        assert sorted(p.name for p in user.iterdir()) == ["results.csv"]
+        out = tmp_path / "q"
+        assert run_cli([*base, "--out", str(out)], capsys).code == 0
+        (out / "notes.txt").write_text("the user's")
+        assert run_cli([*base, "--out", str(out)], capsys).code == 0
+    assert sorted(p.name for p in out.iterdir()) == [io.MARKER, "notes.txt", "quant.json", "quantized.safetensors"]
+    assert (out / "notes.txt").read_text() == "the user's"
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir() if p.name != "notes.txt"} == {0o644}
+
+
+# ---------------------------------------------------------------------------------------
+# The umask, a killed writer, and the one door
+
+
+@pytest.mark.parametrize(("mask", "file_mode", "folder_mode"), [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])
+def test_files_and_folders_honour_the_umask(tmp_path, mask, file_mode, folder_mode):
+    import torch
+    from safetensors.torch import save_file  # it makes its files 0600 whatever the umask
+
+    tensors = {"w": torch.zeros(2)}
+    with umask(mask):
+        claimed = io.claim_folder(tmp_path / "claimed" / "sub", "report")
+        io.write_json(claimed / "results.json", {"a": 1})
+        io.write_file(claimed / "w.safetensors", lambda p: save_file(tensors, str(p)))
+        with io.staged_folder(tmp_path / "staged", "quantized") as tmp:
+            (tmp / "inner").mkdir()
+            io.write_bytes(tmp / "inner" / "w.bin", b"1")
+            save_file(tensors, str(tmp / "direct.safetensors"))  # a writer inside the folder, not through io
+    staged = tmp_path / "staged"
+    folders = [tmp_path / "claimed", claimed, staged, staged / "inner"]
+    files = [claimed / "results.json", claimed / io.MARKER, claimed / "w.safetensors", staged / "inner" / "w.bin",
+             staged / "direct.safetensors", staged / io.MARKER]
+    assert {stat.S_IMODE(p.stat().st_mode) for p in folders} == {folder_mode}
+    assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {file_mode}
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_dead_runs_temporaries_are_cleaned_and_nothing_else(tmp_path):
+    pid = dead_pid()
+    dead_file = tmp_path / f".results.json.partial-{pid}"
+    dead_file.write_text("half")
+    dead_stash = tmp_path / f"interp-stash-{pid}-{io._HOST}-0a1b"
+    (dead_stash / "inner").mkdir(parents=True)
+    alive = tmp_path / f".other.partial-{os.getpid()}-{io._HOST}-ffff"  # this process: still running
+    alive.write_text("in use")
+    other_host = tmp_path / f".x.partial-{pid}-00000000-beef"  # another machine's, on a shared disk
+    other_host.write_text("theirs")
+    foreign = [tmp_path / ".X.partial-foo", tmp_path / "notes.partial-1", tmp_path / "interp-stash-mine"]
+    for path in foreign:
+        path.write_text("user")
+    io.write_json(tmp_path / "results.json", {"a": 1})
+    assert not dead_file.exists() and not dead_stash.exists()
+    assert alive.exists() and other_host.exists() and all(p.read_text() == "user" for p in foreign)
+
+
+KILLED = """
+import os, sys, time
+from interp import io
+with io.staged_folder(sys.argv[1], "quantized") as tmp:
+    io.write_bytes(tmp / "w.bin", b"half of it")
+    print(tmp, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_sigkilled_export_leaves_a_partial_folder_that_the_next_run_removes(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", KILLED, str(tmp_path / "out")], stdout=subprocess.PIPE,
+                             text=True, cwd=REPO)
+    partial = Path(child.stdout.readline().strip())
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    child.stdout.close()
+    assert partial.is_dir() and partial.parent == tmp_path and not (tmp_path / "out").exists()
+    with io.staged_folder(tmp_path / "out", "quantized") as tmp:
+        io.write_bytes(tmp / "w.bin", b"whole")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (tmp_path / "out" / "w.bin").read_bytes() == b"whole"
+
+
+# every call that deletes, renames or makes a temporary; outside interp/io.py none may appear
+MODULE_CALLS = {("shutil", "rmtree"), ("shutil", "move"), ("os", "replace"), ("os", "rename"), ("os", "remove"),
+                ("os", "unlink"), ("os", "rmdir"), ("os", "removedirs"), ("tempfile", "mkstemp"),
+                ("tempfile", "mkdtemp"), ("tempfile", "TemporaryDirectory"), ("tempfile", "NamedTemporaryFile")}
+FORBIDDEN_NAMES = {name for _, name in MODULE_CALLS}
+PATH_METHODS = {"unlink", "rmdir"}  # Path's: no other type in interp has them
+ALLOWED: dict[str, str] = {}  # "path:line": why (genuinely process-private temporaries only); none today
+
+
+def door_violations(source: str, filename: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.ImportFrom) and node.module in {"os", "shutil", "tempfile"}:
+            found += [f"{filename}:{node.lineno} from {node.module} import {a.name}" for a in node.names
+                      if a.name in FORBIDDEN_NAMES]
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        attr, owner = node.func.attr, node.func.value
+        if isinstance(owner, ast.Name) and (owner.id, attr) in MODULE_CALLS:
+            found.append(f"{filename}:{node.lineno} {owner.id}.{attr}")
+        elif attr in PATH_METHODS:
+            found.append(f"{filename}:{node.lineno} .{attr}()")
+        # Path.rename/replace(target): one argument, called on a name (str.replace takes two; pandas'
+        # rename is called with columns= or on an expression)
+        elif attr in {"rename", "replace"} and isinstance(owner, ast.Name) and len(node.args) == 1 \
+                and not node.keywords:
+            found.append(f"{filename}:{node.lineno} {owner.id}.{attr}()")
+    return found
+
+
+def test_every_delete_rename_and_temporary_goes_through_the_writer():
+    found = []
+    for path in sorted((REPO / "interp").rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel != "interp/io.py":
+            found += door_violations(path.read_text(), rel)
+    assert [f for f in found if f.split(" ")[0] not in ALLOWED] == []
+
+
+def test_the_guard_catches_each_spelling():
+    source = ("import os, shutil, tempfile\nfrom shutil import rmtree\nshutil.rmtree(p)\nos.replace(a, b)\n"
+              "tempfile.mkdtemp()\np.unlink()\ntmp.rename(target)\ntmp.replace(target)\ns.replace('a', 'b')\n"
+              "frame.rename(columns={})\n")
+    assert [v.split(" ", 1)[1] for v in door_violations(source, "x.py")] == [
+        "from shutil import rmtree", "shutil.rmtree", "os.replace", "tempfile.mkdtemp", ".unlink()",
+        "tmp.rename()", "tmp.replace()"]
