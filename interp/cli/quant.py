@@ -267,6 +267,10 @@ def _errors_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-norms", action="store_true", help="skip the analyses that run the model")
     p.add_argument("--dtype", default=None, choices=DTYPES,
                    help="model dtype for the analyses that run it (default: the one the scores were made in)")
+    p.add_argument("--reference", metavar="MODEL", default=None,
+                   help="the reference model the analyses rerun: the one the scores were made with. A bundled "
+                        "model named in the folder's settings.json is loaded without it; a folder or .gguf "
+                        "file is loaded only when named here too (settings.json is data, not an instruction)")
     p.add_argument("--threads", type=int_at_least(1), default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_checks(p, _check_scores_folder, set_threads)
@@ -290,6 +294,60 @@ def _check_scores_folder(args: argparse.Namespace) -> None:
     folder = Path(args.scores)
     if not (folder / "scores.sqlite").is_file() and not (folder / "errors.csv").is_file():
         raise InterpError(f"{folder} has no scores.sqlite or errors.csv: run `interp score --out {folder}` first.")
+    args.settings = _read_settings(folder)
+
+
+SETTINGS_TYPES = {"model": str, "model_info": dict, "examples": dict, "calibration": dict, "specs": list,
+                  "dtype": str}
+EXAMPLES_TYPES = {"source": str, "n": int, "seq_len": int, "seed": int, "split": str}
+
+
+def _read_settings(folder: Path) -> dict[str, Any]:
+    """A score folder's ``settings.json`` as data: bounded, a JSON object, each entry of the type `score` writes.
+
+    A truncated, hand-broken or foreign file is a :class:`~interp.errors.DataError` here, before any analysis.
+    """
+    from interp.errors import DataError
+    from interp.reading import read_json
+
+    path = folder / "settings.json"
+    if not path.exists() and not path.is_symlink():
+        return {}
+    settings = read_json(path, "the score settings", error=DataError)
+    if not isinstance(settings, dict):
+        raise DataError(f"{path} is not a JSON object: it is not the settings.json `interp score` writes.")
+    for key, kind in SETTINGS_TYPES.items():
+        if settings.get(key) is not None and not isinstance(settings[key], kind):
+            raise DataError(f"{path}: '{key}' is {type(settings[key]).__name__}, not {kind.__name__}: the file was "
+                            "edited or damaged. Rerun `interp score`, or pass --skip-norms.")
+    for key, kind in EXAMPLES_TYPES.items() if settings.get("examples") is not None else ():
+        value = settings["examples"].get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise DataError(f"{path}: the examples entry '{key}' is {value!r}, not {kind.__name__}: the file was "
+                            "edited or damaged. Rerun `interp score`, or pass --skip-norms.")
+    return settings
+
+
+def _reference_model(args: argparse.Namespace, settings: dict[str, Any]) -> str:
+    """The model the analyses rerun. settings.json is data: a model it names is loaded only when it is a bundled
+    name, or when the user names it too (``--reference``); the choice is printed before anything loads."""
+    from interp import models
+    from interp.cli.common import check_model_source
+
+    named = settings["model"]
+    if args.reference is not None:
+        check_model_source(args.reference)
+        if args.reference != named:
+            print(f"settings.json names the model {named}; the analyses rerun --reference {args.reference}.",
+                  file=sys.stderr)
+        return str(args.reference)
+    check_model_source(named)
+    if named not in models.BUNDLED:
+        raise InterpError(f"{args.scores}/settings.json names the model {named!r}, and interp errors does not load a "
+                          "model that only a results folder names. If it is the model you scored, pass "
+                          f"--reference {named}; or pass --skip-norms to analyse without rerunning a model.")
+    print(f"The analyses rerun the bundled model {named}, which settings.json names.", file=sys.stderr)
+    return str(named)
 
 
 def _read_errors(args: argparse.Namespace, folder: Path, settings: dict[str, Any]) -> Any:
@@ -323,7 +381,7 @@ def _scored_spec(text: str, columns: Any) -> str:
 
 def _check_errors_targets(args: argparse.Namespace, errors: Any, settings: dict[str, Any]) -> None:
     """--spec and --reversal-specs are scored specs; the model-running analyses can load their model."""
-    from interp.cli.common import check_cache_dir, check_model_source
+    from interp.cli.common import check_cache_dir
 
     if args.spec != "mean":
         _scored_spec(args.spec, errors.columns)
@@ -337,22 +395,22 @@ def _check_errors_targets(args: argparse.Namespace, errors: Any, settings: dict[
     if args.model is not None and stored and stored != args.model:
         raise InterpError(f"settings.json describes model {stored}, not {args.model}: the analyses that run the "
                           "model need that model's settings; pass --skip-norms.")
-    check_model_source(settings["model"])
+    args.reference = _reference_model(args, settings)
     check_cache_dir()
 
 
 @command("errors", "analyse a `score` folder: agreement, D_large/D_ctrl, norm vs error, reversal", _errors_args)
 def cmd_errors(args: argparse.Namespace) -> int:
-    import json
-
     from interp.figures.quant import folder_figures
     from interp.io import ensure_writable_dir
     from interp.quant import analysis
 
     folder = Path(args.scores)
-    settings = json.loads((folder / "settings.json").read_text()) if (folder / "settings.json").is_file() else {}
+    settings = args.settings
     errors = _read_errors(args, folder, settings)
     _check_errors_targets(args, errors, settings)
+    if not args.skip_norms:  # the model the user named (or a bundled one), not whatever settings.json says
+        settings = {**settings, "model": args.reference}
     tables = ensure_writable_dir(folder / "analysis")
     done = analysis.run_all(errors, settings, tables, n_boot=args.n_boot, seed=args.seed,
                             target=args.spec, batch_size=args.batch_size, run_models=not args.skip_norms,

@@ -413,11 +413,11 @@ def _split_modules(method: str, record: Quantizer, items: list[str]) -> dict[str
 
 def _spec_from_plan(path: str) -> str:
     """The ``spec`` a plan file (``plan.json`` from ``interp prescribe``) records."""
-    import json
+    from interp.reading import read_json
 
-    try:
-        record = json.loads(open(path, encoding="utf-8").read())
-    except (OSError, ValueError) as exc:
+    try:  # bounded, and a pipe or a device is refused before it is opened
+        record = read_json(path, "the plan file", error=SpecError)
+    except SpecError as exc:
         raise SpecError(f"@{path}: cannot read a plan from it ({exc}); give @DIR/plan.json written by "
                         "interp prescribe") from None
     return _plan_spec(record, path)
