@@ -91,7 +91,7 @@ def test_eap_and_path_patch_from_strings_are_the_deep_functions(model64):
 
 
 def test_circuit_runs_the_three_tools_on_their_own_numbers(model64):
-    res = interp.circuit(model64, CLEAN, CORRUPT, ANSWERS, WRONGS, top=4, movers=1)
+    res = interp.circuit(model64, CLEAN, CORRUPT, ANSWERS, WRONGS, top_k=4, movers=1)
     dla = interp.dla(model64, CLEAN, ANSWERS, WRONGS)
     assert torch.equal(res.dla.heads, dla.heads)
     best = int(dla.head_means().flatten().argmax())
@@ -164,8 +164,8 @@ def test_bad_prompts_and_answers_are_refused_in_interps_words(model64):
         interp.path_patch(model64, CLEAN, CORRUPT, "M", "J", ["head nine"])
     with pytest.raises(ComponentError, match="'q LAYER.HEAD'"):
         interp.eap(model64, CLEAN, CORRUPT, "M", "J", receivers=["x 1.0"])
-    with pytest.raises(InterpError, match="top must be at least 1"):
-        interp.circuit(model64, CLEAN, CORRUPT, "M", "J", top=0)
+    with pytest.raises(InterpError, match="top_k must be at least 1"):
+        interp.circuit(model64, CLEAN, CORRUPT, "M", "J", top_k=0)
 
 
 def test_sender_and_receiver_names_read_back_what_eap_tables_write():
@@ -183,7 +183,7 @@ def test_positions_are_labelled_by_their_tokens_and_repeats_stay_apart():
 
 
 def test_circuit_figures_name_answers_and_tokens(model64):
-    res = interp.circuit(model64, CLEAN[0], CORRUPT[0], "M", "J", top=2, movers=2)
+    res = interp.circuit(model64, CLEAN[0], CORRUPT[0], "M", "J", top_k=2, movers=2)
     figures = circuit_figures(res)
     assert set(figures) == {"dla_heads", "edges", "confirmed", "attention"}
     assert "logit('M') − logit('J')" in figures["dla_heads"].layout.title.text

@@ -155,7 +155,7 @@ def cmd_circuit(args: argparse.Namespace) -> int:
     model = interp.load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
     rows = args.pair_rows
     result = circuit(model, [r["clean"] for r in rows], [r["corrupt"] for r in rows], [r["answer"] for r in rows],
-                     [r["wrong"] for r in rows], top=args.top, movers=args.movers, ig_steps=args.ig_steps,
+                     [r["wrong"] for r in rows], top_k=args.top, movers=args.movers, ig_steps=args.ig_steps,
                      batch_size=args.batch_size)
     figures = circuit_figures(result)
     seconds = time.time() - start

@@ -34,7 +34,7 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -102,8 +102,8 @@ def _tokenizer(model: Model) -> Any:
 
 
 def one_token(tokenizer: Any, text: str, what: str = "answer") -> int:
-    """The id of ``text`` if the tokenizer encodes it as exactly one token; otherwise a :class:`DataError`
-    that shows how it tokenizes and what to pass.
+    """The id of ``text`` if the tokenizer encodes it as exactly one token; otherwise a
+    :class:`~interp.errors.DataError` that shows how it tokenizes and what to pass.
 
     Example:
         >>> import interp
@@ -239,8 +239,9 @@ def receiver(value: Receiver | str) -> Receiver:
             raise ComponentError(f"Receiver {value!r}: write 'q LAYER.HEAD', 'k LAYER.HEAD' or 'v LAYER.HEAD' (keys "
                                  "and values count key/value heads), or pass 'logits' for the direct path.")
         return int(match.group(2)), int(match.group(3)), match.group(1)
-    if isinstance(value, tuple) and len(value) == 3 and value[2] in RECEIVER_INPUTS:
-        return value
+    if (isinstance(value, tuple) and len(value) == 3 and is_integer(value[0]) and is_integer(value[1])
+            and value[2] in RECEIVER_INPUTS):
+        return int(value[0]), int(value[1]), value[2]
     raise ComponentError(f"Receiver {value!r}: use (layer, head, 'q' | 'k' | 'v') or 'q 9.1'.")
 
 
@@ -251,15 +252,21 @@ def _senders(model: Model, senders: Sequence[Sender | str] | None) -> list[Sende
                 + [Sender("mlp", layer) for layer in range(n_layers)])
     if isinstance(senders, (str, Sender)):
         senders = [senders]
-    return [sender(s) for s in senders]
+    return [sender(s) for s in _listed(senders, "senders", "'head 9.1' or 'mlp 3'")]
 
 
 def _receivers(receivers: Sequence[Receiver | str] | str) -> list[Receiver] | str:
     if isinstance(receivers, str) and receivers == "logits":
         return "logits"
-    if isinstance(receivers, str):
-        return [receiver(receivers)]
-    return [receiver(r) for r in receivers]
+    if isinstance(receivers, (str, tuple)):
+        return [receiver(receivers)]  # type: ignore[arg-type]
+    return [receiver(r) for r in _listed(receivers, "receivers", "'logits', 'q 9.1' or (9, 1, 'q')")]
+
+
+def _listed(values: Any, what: str, example: str) -> list[Any]:
+    if isinstance(values, (bytes, dict, Tensor)) or not isinstance(values, Iterable):
+        raise ComponentError(f"{what} must be a list such as [{example}], got {type(values).__name__}.")
+    return list(values)
 
 
 # ---------------------------------------------------------------------------------------
@@ -297,7 +304,7 @@ def dla(model: Model, prompts: Prompts, answer: Answers, wrong: Answers | None =
     rows = prompt_rows(model, prompts)
     answers = answer_ids(model, answer, len(rows))
     wrongs = None if wrong is None else answer_ids(model, wrong, len(rows), "wrong")
-    result = logit_attribution(model, rows, answers, versus=wrongs, positions=position,
+    result = logit_attribution(model, rows, answers, versus=wrongs, positions=integer(position, "position"),
                                batch_size=_batch_size(batch_size), progress=progress)
     return _with_text(result, model, answers, wrongs)
 
@@ -396,7 +403,7 @@ class Circuit(ResultDisplay):
             ``position``, ``token``, ``weight``.
         tokens: the first clean prompt's tokens as strings (BOS first); ``corrupt_tokens`` its corrupted twin's.
         answer_text, wrong_text: the answers as strings, one per prompt.
-        settings: model, prompts, ``top``, ``ig_steps``, ...
+        settings: model, prompts, ``top_k``, ``ig_steps``, ...
     """
 
     dla: LogitAttribution
@@ -423,21 +430,21 @@ class Circuit(ResultDisplay):
                 "confirmed": self.confirmed, "attention": self.attention}
 
 
-def circuit(model: Model, clean: Prompts, corrupt: Prompts, answer: Answers, wrong: Answers, *, top: int = 8,
+def circuit(model: Model, clean: Prompts, corrupt: Prompts, answer: Answers, wrong: Answers, *, top_k: int = 8,
             movers: int = 3, ig_steps: int = 1, batch_size: int = 8) -> Circuit:
-    """DLA, then EAP, then path patching of EAP's ``top`` edges, on clean/corrupted prompt pairs.
+    """DLA, then EAP, then path patching of EAP's ``top_k`` edges, on clean/corrupted prompt pairs.
 
     1. :func:`dla` on the clean prompts; the ``movers`` heads with the largest mean direct
        contribution (towards the answer) become receivers;
     2. :func:`eap` of every head and MLP into the logits and into the movers' queries, keys and
        values (their key/value heads under grouped-query attention);
-    3. :func:`path_patch` of the ``top`` edges with the largest ``|score|``, one receiver at a time.
+    3. :func:`path_patch` of the ``top_k`` edges with the largest ``|score|``, one receiver at a time.
 
     Args:
         model: a bridge from :func:`interp.load_model`.
         clean, corrupt: prompt pairs (strings, lists of strings, Examples or token ids).
         answer, wrong: single-token strings or ids, one for all pairs or one per pair.
-        top: how many of EAP's edges path patching measures.
+        top_k: how many of EAP's edges path patching measures.
         movers: how many heads' queries, keys and values are receivers (0: the logits only).
         ig_steps: EAP's gradient evaluations (1: plain EAP).
         batch_size: prompts per forward.
@@ -450,11 +457,12 @@ def circuit(model: Model, clean: Prompts, corrupt: Prompts, answer: Answers, wro
         >>> from interp.localize.circuit import circuit
         >>> model = interp.tiny_model("llama")
         >>> res = circuit(model, "When Mary and John went, John gave it to", "When Mary and John went, Anna gave it to",
-        ...               "M", "J", top=3, movers=1)
+        ...               "M", "J", top_k=3, movers=1)
         >>> list(res.confirmed.columns), len(res.confirmed)
         (['rank', 'edge', 'sender', 'receiver', 'eap', 'path_patching', 'agree'], 3)
     """
-    top, movers = integer(top, "top", minimum=1), integer(movers, "movers", minimum=0)
+    top_k, movers = integer(top_k, "top_k", minimum=1), integer(movers, "movers", minimum=0)
+    ig_steps = integer(ig_steps, "ig_steps", minimum=1)
     rows, source = _pair(model, clean, corrupt)
     answers, wrongs = answer_ids(model, answer, len(rows)), answer_ids(model, wrong, len(rows), "wrong")
     batch = _batch_size(batch_size)
@@ -465,8 +473,8 @@ def circuit(model: Model, clean: Prompts, corrupt: Prompts, answer: Answers, wro
     chosen = [(int(i) // n_heads, int(i) % n_heads) for i in means.flatten().argsort(descending=True)[:movers]]
     metric = LogitDiffMetric(answers, wrongs)
     edges = _edges(model, rows, source, metric, _mover_receivers(model, chosen), ig_steps, batch)
-    confirmed = _confirm(model, rows, source, metric, edges.head(top), batch)
-    settings = {"model": getattr(getattr(model, "info", None), "name", "model"), "pairs": len(rows), "top": top,
+    confirmed = _confirm(model, rows, source, metric, edges.head(top_k), batch)
+    settings = {"model": getattr(getattr(model, "info", None), "name", "model"), "pairs": len(rows), "top_k": top_k,
                 "movers": movers, "ig_steps": ig_steps, "clean": list(rows.texts), "corrupt": list(source.texts),
                 "logit_diff": float(attribution.logit.double().mean())}
     return Circuit(dla=attribution, edges=edges, confirmed=confirmed, movers=[f"head {a}.{b}" for a, b in chosen],
