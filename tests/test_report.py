@@ -54,12 +54,19 @@ def test_report_outputs(quick_report):
         assert row["verdict"] in VERDICTS and row["why"] and row["criterion"]
     assert results["reference"].startswith("GGUF Q4_1 dequantized to fp32")
     assert "Reference model: GGUF Q4_1 dequantized to fp32" in page
+    from interp.report.html import VERDICT_CLASS
+
     shown = {row["verdict"] for row in results["reproduction"]}
-    css = {"as strong as the paper": "verdict-strong", "present; level not resolved": "verdict-consistent",
-           "weaker than the paper": "verdict-weaker", "not shown": "verdict-notshown",
-           "contradicted": "verdict-contradicted", "not testable here": "verdict-untestable",
-           "by construction": "verdict-construction"}
-    assert all(f"class='verdict {css[v]}'" in page for v in shown)  # every verdict cell is coloured
+    assert all(f"class='verdict {VERDICT_CLASS[v]}'" in page for v in shown)  # every verdict cell is coloured
+    # a smoke run: the banner, and no verdict that judges the data (the measurements are still shown)
+    assert results["smoke"] is True and "A smoke run: it concludes nothing." in page
+    judging = {"as strong as the paper", "weaker than the paper", "not shown", "contradicted",
+               "present; level not resolved"}
+    assert not shown & judging and "too few examples for a verdict" in shown, shown
+    # where it ran: the commit, torch's threads and kernels, in results.json and the page's footer
+    run = results["provenance"]
+    assert {"commit", "dirty", "threads", "cpu capability", "ATEN_CPU_CAPABILITY", "torch"} <= set(run)
+    assert f"{run['threads']} thread(s), CPU kernels {run['cpu capability']}" in page
 
 
 def test_rerun_resumes_without_recomputing(quick_report):
@@ -98,8 +105,11 @@ def test_single_file_report(quick_report, single_file_report):
     assert "href='figures/" not in page  # no links to files that stay behind
     size = single_file_report.stat().st_size
     index = (out / "index.html").stat().st_size
-    # the page with plotly.js inside: plotly.js (~4.8 MB) plus the figures and tables of index.html
-    assert size == pytest.approx(len(plotly_js.encode()) + index, abs=10_000), (size, index)
+    # the page with plotly.js inside: plotly.js (~4.8 MB) plus the figures and tables of index.html, its CSV
+    # links carrying the tables (data: links) instead of naming the files beside it
+    csv_links = sum(len(p.read_bytes()) for p in (out / "tables").glob("*.csv"))
+    assert size == pytest.approx(len(plotly_js.encode()) + index, abs=10_000 + 3 * csv_links), (size, index)
+    assert "href='tables/" not in page and "href='data:text/csv" in page
     assert 4_000_000 < size < 8_000_000, size
     assert page.count("<figcaption>") == (out / "index.html").read_text().count("<figcaption>") > 0
 
@@ -120,6 +130,7 @@ def _numbers(report: Path) -> tuple[dict, dict[str, str]]:
         return frame.drop(columns=[c for c in frame.columns if "second" in c.lower()]).to_csv(index=False)
 
     results = drop_times(json.loads((report / "results.json").read_text()))
+    results.pop("provenance")  # where it ran (the commit moves while the shared checkout is edited), not a number
     tables = {str(p.relative_to(report)): without_time_columns(p) for p in sorted(report.glob("tables/**/*.csv"))}
     return results, tables
 

@@ -5,8 +5,11 @@ Both start the same way: load the reference model and eval examples, quantize a 
 highest-error examples, deduplicated) and D_ctrl with
 :func:`interp.quant.analysis.split_large_ctrl`. Then:
 
-- ``interp lens`` runs early exit for {reference, quantized} x {D_large, D_ctrl} and the
-  top-k layer restoration curve on D_large;
+- ``interp lens`` runs early exit for {reference, quantized} x {D_large, D_ctrl} (through the
+  logit lens, or with ``--lens tuned`` through a tuned lens fitted on the calibration split and
+  cached) and the top-k layer restoration curve on D_large. It says at which layers the lens is
+  uninformative (the reference's NLL no better than a uniform guess, ``ln |V|``): a gap there says
+  nothing, and the split is read only where the lens is informative;
 - ``interp patch`` runs the paper's patching table (upper half, all positions), gate input
   against gate weights, and optionally the per-layer sweep, with one copy of the weights: the
   quantized block weights (the cache folder, ``ErrorSplit.weights``) are swapped into the
@@ -19,6 +22,7 @@ Every experiment writes ``<name>.csv`` and ``<name>.html`` into ``--out``, plus 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +45,7 @@ DEFAULT_METHOD = report_specs(quick=True)[0]  # the registry's simplest 3-bit sp
 LENS_EXPERIMENTS = ("early-exit", "restoration")
 PATCH_EXPERIMENTS = ("table", "gate-input", "sweep", "attribution")
 LAYER_SETS = ("upper_half", "lower_half", "all")
+LENSES = ("logit", "tuned")
 
 
 def _common(p: argparse.ArgumentParser, out: str) -> None:
@@ -105,14 +110,14 @@ def _show(title: str, table: Any) -> None:
 
 
 def _save_settings(out: Path, args: argparse.Namespace, reference: Any, examples: Any, split: Any,
-                   seconds: float) -> None:
+                   seconds: float, extra: dict[str, Any] | None = None) -> None:
     from interp.io import write_json
 
     split.to_frame().to_csv(out / "split.csv")
     write_json(out / "settings.json", {
         "command": args.command, "model": args.model, "method": args.method, "examples": examples.settings,
         "split": split.to_dict(), "model_info": reference.info.to_dict(), "seconds": seconds,
-        "batch_size": args.batch_size, "experiments": args.experiments,
+        "batch_size": args.batch_size, "experiments": args.experiments, **(extra or {}),
     })
 
 
@@ -127,9 +132,68 @@ def _lens_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--at", default="resid_post", choices=_exit_points(), help="residual to decode")
     p.add_argument("--ks", default=None, type=int_list(low=0),
                    help="restoration: comma-separated numbers (>= 0) of top blocks (default 0..L)")
+    p.add_argument("--lens", default="logit", choices=LENSES,
+                   help="early exit through the model's own head (logit) or an affine translator per layer fitted "
+                        "on --calibration-n calibration-split examples (tuned; fitted once, then cached)")
+    add_checks(p, _check_lens)
 
 
-@command("lens", "early exit (logit lens) per layer and top-k layer restoration, reference vs quantized", _lens_args)
+def _check_lens(args: argparse.Namespace) -> None:
+    """The tuned lens reads the block outputs in one process: refused before any model loads otherwise."""
+    from interp.errors import InterpError
+    from interp.runtime.distributed import world
+
+    if args.lens == "tuned" and args.at != "resid_post":
+        raise InterpError(f"--lens tuned decodes the block outputs (resid_post); drop --at {args.at} or use "
+                          "--lens logit.")
+    if args.lens == "tuned" and world()[2] > 1:
+        raise InterpError("--lens tuned runs in one process; run it without torchrun (or use --lens logit).")
+
+
+def uninformative_layers(curves: Any, vocab: int, dataset: str = "D_large") -> list[int]:
+    """The layers where the reference's lens does no better than a uniform guess on ``dataset``:
+    mean NLL at or above ``ln vocab``. A gap between two models' curves there says nothing."""
+    ref = curves.results[f"{curves.models[0]} / {dataset}"]
+    means = ref.layer_mean().double().tolist()
+    return [int(layer) for layer, value in zip(ref.layers, means, strict=True) if value >= math.log(vocab)]
+
+
+def lens_verdict(curves: Any, vocab: int, lens: str, dataset: str = "D_large") -> str:
+    """One paragraph on whether the lens can be read: every layer informative, or which are not and what to do."""
+    ref = curves.results[f"{curves.models[0]} / {dataset}"]
+    bad = uninformative_layers(curves, vocab, dataset)
+    uniform = math.log(vocab)
+    if not bad:
+        return f"The {lens} lens beats a uniform guess (ln |V| = {uniform:.1f} nats) at every layer on {dataset}."
+    worst = float(ref.layer_mean().max())
+    text = (f"The {lens} lens is uninformative at {len(bad)} of {len(ref.layers)} layers ({_spans(bad)}): there the "
+            f"reference's NLL on {dataset} (up to {worst:.1f} nats) is worse than a uniform guess (ln |V| = "
+            f"{uniform:.1f}), so a gap between the curves there says nothing.")
+    if lens == "logit":
+        text += (" Try --lens tuned: an affine translator per layer, fitted on the calibration split and cached, "
+                 "reads the early layers too.")
+    return text
+
+
+def _spans(layers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"layers 0-2, 5"``."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return "layers " + ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def _informative_split(curves: Any, bad: list[int], dataset: str = "D_large") -> int | None:
+    """The split layer (:meth:`EarlyExitCurves.split_layer`) when it lies where the lens is informative."""
+    layer = curves.split_layer(dataset)
+    return None if layer in bad else layer
+
+
+@command("lens", "early exit (logit or tuned lens) per layer and top-k layer restoration, reference vs quantized",
+         _lens_args)
 def cmd_lens(args: argparse.Namespace) -> int:
     from interp.cli import shard
     from interp.figures import draw
@@ -150,21 +214,31 @@ def cmd_lens(args: argparse.Namespace) -> int:
         with WeightStash(reference, out) as stash:
             weights = setup.weights(spec, stash)
             if "early-exit" in experiments:
-                curves = _early_exit_one_copy(args, reference, weights, {"D_large": split.large, "D_ctrl": split.ctrl},
-                                              stash)
+                sets = {"D_large": split.large, "D_ctrl": split.ctrl}
+                curves = (_tuned_early_exit(args, reference, weights, sets, stash) if args.lens == "tuned"
+                          else _early_exit_one_copy(args, reference, weights, sets, stash))
             if "restoration" in experiments:
                 restored = shard.sharded_restoration(args, weights, reference, split.large,
                                                      parse_ints(args.ks) if args.ks else None, stash=stash)
     if not shard.is_main():  # a rank other than 0: its batches are in --out/parts
         return 0
+    lens_note: dict[str, Any] = {}
     if curves is not None:
         table = curves.table().reset_index()
         _write(out, "early_exit", table, draw(curves))
-        _show(f"Early exit ({args.at}); split layer on D_large: {curves.split_layer('D_large')}", table)
+        vocab = int(reference.cfg.d_vocab)
+        bad = uninformative_layers(curves, vocab)
+        split_layer = _informative_split(curves, bad)
+        where = (f"split layer on D_large: {split_layer}" if split_layer is not None
+                 else "no split layer where the lens is informative")
+        _show(f"Early exit, {args.lens} lens ({args.at}); {where}", table)
+        print("\n" + lens_verdict(curves, vocab, args.lens))
+        lens_note = {"lens": args.lens, "uninformative_layers": bad, "split_layer": split_layer,
+                     "log_vocab": math.log(vocab)}
     if restored is not None:
         _write(out, "restoration", restored.table(), draw(restored))
         _show("Layer restoration on D_large", restored.table())
-    _save_settings(out, args, reference, examples, split, time.time() - start)
+    _save_settings(out, args, reference, examples, split, time.time() - start, lens_note)
     print(f"\nD_large {len(split.large)} / D_ctrl {len(split.ctrl)} of {len(examples)} examples, "
           f"{time.time() - start:.0f} s. Saved to {out}/")
     return 0
@@ -186,6 +260,29 @@ def _early_exit_one_copy(args: argparse.Namespace, reference: Any, weights: Any,
         return None
     return EarlyExitCurves(results={**ref.results, **quant.results}, models=["reference", "quantized"],
                            sets=list(sets))
+
+
+def _tuned_early_exit(args: argparse.Namespace, reference: Any, weights: Any, sets: dict[str, Any],
+                      stash: Any) -> Any:
+    """Early exit through a tuned lens (:mod:`interp.localize.tuned_lens`), fitted on ``--calibration-n``
+    calibration-split examples and cached under ``$INTERP_CACHE/tuned_lens``; the quantized model is read
+    with the reference's translators (the reference carrying ``weights``). One process."""
+    import interp
+    from interp.localize.lens import EarlyExitCurves
+    from interp.localize.tuned_lens import tuned_early_exit, tuned_lens_cached
+    from interp.runtime.swap import swapped
+
+    progress = False if args.quiet else None
+    calibration = interp.load_examples(args.data, reference.tokenizer, n=args.calibration_n, seq_len=args.seq_len,
+                                       seed=args.seed, split="calibration")
+    lens = tuned_lens_cached(reference, calibration, interp.models.cache_dir() / "tuned_lens",
+                             batch_size=args.batch_size, progress=progress)
+    bs = args.batch_size
+    results = {f"reference / {s}": tuned_early_exit(reference, lens, ex, bs, progress) for s, ex in sets.items()}
+    with swapped(reference, weights, stash=stash):
+        results.update({f"quantized / {s}": tuned_early_exit(reference, lens, ex, bs, progress)
+                        for s, ex in sets.items()})
+    return EarlyExitCurves(results=results, models=["reference", "quantized"], sets=list(sets))
 
 
 # ---------------------------------------------------------------------------------------
@@ -269,6 +366,12 @@ def cmd_patch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _world_size() -> int:
+    from interp.runtime.distributed import world
+
+    return world()[2]
+
+
 def _group_device(args: argparse.Namespace) -> str:
     """The device this rank's model goes on (as :func:`interp.cli.common.load_model_from_args` picks it)."""
     from interp.runtime.distributed import local_device
@@ -293,7 +396,10 @@ def _patch_experiments(args: argparse.Namespace, experiments: list[str], referen
     from interp.localize.patching.patches import joint_patches, resolve_layers
 
     components = [c.strip() for c in args.components.split(",") if c.strip()]
-    engine = {"batch_size": args.batch_size, "max_rows": args.max_rows, "progress": False, "stash": stash}
+    # a bar per patched run inside each batch (one process, in a terminal): a D_large of a few examples is one
+    # batch, so the batches' bar alone would sit at 0/1 for the whole experiment
+    progress = False if args.quiet or not shard.is_main() or _world_size() > 1 else None
+    engine = {"batch_size": args.batch_size, "max_rows": args.max_rows, "progress": progress, "stash": stash}
     layers = _layers(args.layers)
     # the parts folders are fingerprinted by the quantized copy's identity, as when it was loaded
     quantized_id = SimpleNamespace(info=weights.model_info) if weights.model_info is not None else load_quantized()
@@ -320,5 +426,5 @@ def _patch_experiments(args: argparse.Namespace, experiments: list[str], referen
         half = max(1, args.batch_size // 2)
         results["attribution"] = shard.sharded_attribution(
             args, lambda sub: patching.attribution(quantized, reference, sub, components, batch_size=half,
-                                                   progress=False), quantized, d_large, half)
+                                                   progress=progress), quantized, d_large, half)
     return results if shard.is_main() else None

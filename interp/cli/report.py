@@ -90,7 +90,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     start = time.time()
     results = run_report(args.out, settings, stages=args.stages.split(",") if args.stages else None,
                          progress=False if args.quiet else None, static=not args.no_static,
-                         single_file=args.single_file)
+                         single_file=args.single_file, smoke=True if args.quick else None)
     if world()[0] != 0:  # torchrun: this rank's batches are in OUT/parts; rank 0 wrote the report
         return 0
     print(f"report written to {args.out}/index.html in {time.time() - start:.0f} s")
@@ -102,6 +102,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"screenshot: {screenshot(args.out, args.screenshot)}")
     for name, seconds in results["stage_seconds"].items():
         print(f"  {name:<14} {seconds:7.1f} s")
+    if results.get("smoke"):
+        print("a smoke run: it concludes nothing (no verdicts; run without --quick for them)")
     for row in results["reproduction"]:
         print(f"  - [{row['verdict']}] {row['claim']}: paper {row['paper value']}, here {row['measured here']}")
     return 0

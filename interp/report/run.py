@@ -15,7 +15,11 @@ Outputs:
   works when moved or mailed on its own;
 - ``figures/*.png`` and ``figures/*.svg`` for papers (kaleido + headless Chromium);
 - ``tables/*.csv``;
-- ``results.json`` with every number, the settings, package versions and stage times.
+- ``results.json`` with every number, the settings, package versions and stage times, and where it ran
+  (``provenance``: the commit, torch's threads and CPU kernels) and whether it was a smoke run (``smoke``).
+
+A smoke run (``--quick``, or the quick sizes) concludes nothing: its page says so in a banner, and every
+claim shows its measurement with "too few examples for a verdict" instead of a verdict.
 
 The page is rendered from the Jinja2 templates in ``interp/templates`` with autoescaping on: all
 text that comes from data (document titles, tokens, user file names) is HTML-escaped; only
@@ -41,9 +45,10 @@ from interp.errors import InterpError
 from interp.figures import export_static
 from interp.io import atomic_write_bytes, claim_folder, write_json
 from interp.report.context import MainRankOnly, ReportContext, ReportSettings, Stage, StageOutput
-from interp.report.html import _versions, render_html
+from interp.report.html import _versions, csv_data_uri, provenance, render_html
 from interp.report.stages import STAGES
 from interp.report.stages.reproduction_table import reproduction_table
+from interp.runtime.batching import show_progress
 from interp.runtime.distributed import local_device, process_group
 
 REPORT_KIND = "report"  # the kind in a report folder's interp marker (interp.io.MARKER); the command's name
@@ -92,8 +97,22 @@ def load_stage(folder: Path, settings_key: str) -> StageOutput | None:
 # Driver
 
 
+def smoke_reason(settings: ReportSettings) -> str:
+    """Why a run at ``settings`` concludes nothing, in one sentence for the page."""
+    return (f"It ran {settings.n} examples of {settings.seq_len} tokens to check that every stage works; its "
+            "intervals rest on too few examples (D_large holds a handful) to judge any finding.")
+
+
+def is_smoke(settings: ReportSettings) -> bool:
+    """Whether ``settings`` are the quick ones (``ReportSettings.quick()``'s sizes): a smoke run."""
+    quick = ReportSettings.quick()
+    sizes = ("n", "seq_len", "calibration_n", "attention_n", "methods")
+    return all(getattr(settings, f) == getattr(quick, f) for f in sizes)
+
+
 def run_report(out: str | Path, settings: ReportSettings | None = None, stages: list[str] | None = None,
-               progress: bool | None = None, static: bool = True, single_file: bool = False) -> dict[str, Any]:
+               progress: bool | None = None, static: bool = True, single_file: bool = False,
+               smoke: bool | None = None) -> dict[str, Any]:
     """Run (or resume) the report into ``out`` and return the ``results.json`` content.
 
     Args:
@@ -104,6 +123,7 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
         static: also export PNG and SVG copies of every figure.
         single_file: also write ``report.html``, one page with plotly.js inlined that works when moved
             on its own (about 5 MB).
+        smoke: a smoke run, which gives no verdict (default: when ``settings`` have the quick sizes).
     """
     settings = settings or ReportSettings()
     if stages is not None:  # before any folder is made: a misspelt stage must not give an empty report
@@ -119,13 +139,17 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
             context.close()
     if context.rank != 0:  # torchrun: rank 0 writes every file
         return {}
-    reproduction = reproduction_table(outputs, settings)
+    smoke = is_smoke(settings) if smoke is None else smoke
+    why_smoke = smoke_reason(settings) if smoke else ""
+    reproduction = reproduction_table(outputs, settings, why_smoke)
     versions = _versions()
     reference = context.reference_description
+    run = provenance()
     _write_outputs(folder, settings, chosen, outputs, reproduction, versions, total, static, reference,
-                   single_file)
+                   single_file, run, why_smoke)
     results = {
-        "settings": asdict(settings), "versions": versions, "reference": reference,
+        "settings": asdict(settings), "versions": versions, "reference": reference, "provenance": run,
+        "smoke": smoke,
         "stage_seconds": {name: o.seconds for name, o in outputs.items()},
         "numbers": {name: o.numbers for name, o in outputs.items()},
         "reproduction": reproduction.to_dict(orient="records"),
@@ -144,7 +168,7 @@ def _run_stages(context: ReportContext, chosen: list[Stage], dist: Any) -> tuple
     key = context.settings.key()
     outputs: dict[str, StageOutput] = {}
     began = time.time()
-    bar = tqdm(chosen, desc="report", unit="stage", disable=context.progress is False)
+    bar = tqdm(chosen, desc="report", unit="stage", disable=not show_progress(context.progress))
     for stage in bar:
         bar.set_postfix_str(stage.name)
         stage_dir = context.out / "stages" / stage.name
@@ -171,7 +195,8 @@ def _run_stages(context: ReportContext, chosen: list[Stage], dist: Any) -> tuple
 
 def _write_outputs(folder: Path, settings: ReportSettings, stages: list[Stage], outputs: dict[str, StageOutput],
                    reproduction: pd.DataFrame, versions: dict[str, str], total: float, static: bool,
-                   reference: str = "", single_file: bool = False) -> None:
+                   reference: str = "", single_file: bool = False, run: dict[str, Any] | None = None,
+                   smoke: str = "") -> None:
     """Write ``index.html`` + ``plotly.min.js``, the CSV tables, the static figures and, with
     ``single_file``, ``report.html`` (plotly.js inlined, no links to files beside it)."""
 
@@ -183,9 +208,11 @@ def _write_outputs(folder: Path, settings: ReportSettings, stages: list[Stage], 
         return f"figures/{stem}.png" if static or (folder / "figures" / f"{stem}.png").is_file() else None
 
     args = (settings, stages, outputs, reproduction, versions, total, reference)
-    atomic_write_bytes(folder / "index.html", render_html(*args, static_pngs=png_link).encode("utf-8"))
-    if single_file:
-        atomic_write_bytes(folder / "report.html", render_html(*args, plotly_js=plotly_js).encode("utf-8"))
+    page = {"run": run, "smoke": smoke}
+    atomic_write_bytes(folder / "index.html", render_html(*args, static_pngs=png_link, **page).encode("utf-8"))
+    if single_file:  # it travels alone: its tables' CSVs go inside it
+        atomic_write_bytes(folder / "report.html", render_html(
+            *args, plotly_js=plotly_js, csv_links=lambda stem, table: csv_data_uri(table), **page).encode("utf-8"))
     tables_dir = folder / "tables"
     tables_dir.mkdir(exist_ok=True)
     reproduction.to_csv(tables_dir / "reproduction.csv", index=False)
