@@ -237,11 +237,10 @@ def logit_attribution(result: LogitAttribution, title: str | None = None) -> go.
     the answers named by their strings when they were given as text (:func:`interp.dla`)."""
     grid = result.head_means().numpy()
     what = answer_label(result.settings)
-    n = len(result.ids)
+    of = f" of {what}" if "answer_text" in result.settings else ""
     return heatmap(grid, list(range(grid.shape[1])), list(range(grid.shape[0])),
-                   title or f"Direct logit attribution of {what} per head (frozen final norm), mean over {n} "
-                   f"prompt{'s' if n != 1 else ''}", "head", "layer", colorbar=_short(what), colorscale="RdBu",
-                   zmid=0.0)
+                   title or f"Direct logit attribution{of} per head (frozen final norm), mean over {len(result.ids)} "
+                   "prompts", "head", "layer", colorbar=_short(what), colorscale="RdBu", zmid=0.0)
 
 
 def _short(label: str) -> str:
