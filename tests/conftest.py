@@ -122,3 +122,17 @@ def rows():
     import interp
 
     return interp.Examples.from_tokens(torch.randint(0, 256, (5, 12), generator=torch.Generator().manual_seed(0)))
+
+
+# -- running the suite on two workers (make test: pytest -n 2 --dist loadgroup) -------------------
+# Each test module runs whole on one worker, so its module-scoped fixtures (the quick report, the
+# quantized models) are built once; the notebook executions, which share nothing but the session's
+# model, are spread over both workers one by one.
+SPREAD_MODULES = {"test_notebooks.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.path.name
+        if module not in SPREAD_MODULES:
+            item.add_marker(pytest.mark.xdist_group(module))
