@@ -430,3 +430,22 @@ def test_cli_checks_a_llama_cpp_request_before_loading_a_model(capsys, monkeypat
         code = main(["prescribe", "--format", "llama.cpp", "--out", str(tmp_path), *argv])
         assert code == 2, argv
         assert words in capsys.readouterr().err, argv
+
+
+def test_cli_writes_a_llama_cpp_tensor_type_file(tiny_llama, monkeypatch, tmp_path, capsys):
+    """The command's llama.cpp branch end to end, the model and examples swapped for the tiny ones."""
+    from interp.cli import common
+    from interp.cli.main import main
+    from interp.quant import llama_cpp as lc
+
+    examples = interp.Examples.from_tokens(torch.randint(0, 256, (4, 12), generator=torch.Generator().manual_seed(5)))
+    monkeypatch.setattr(common, "load_model_and_examples", lambda args, split="eval": (tiny_llama, examples))
+    code = main(["prescribe", "--format", "llama.cpp", "--bits", "3,4,8", "--budget", "5.5", "--quiet",
+                 "--out", str(tmp_path / "plan")])
+    assert code == 0
+    shapes = pr.model_shapes(tiny_llama)
+    names = [lc.gguf_name(s.layer, s.role) for s in shapes]
+    items = lc.read_tensor_types(tmp_path / "plan" / "tensor_types.txt", names)
+    assert len(items) == len(shapes)
+    assert lc.types_average_bits(shapes, {s.name: t for s, (_, t) in zip(shapes, items, strict=True)}) <= 5.5
+    assert "llama-quantize --tensor-type-file" in capsys.readouterr().out
