@@ -21,6 +21,7 @@ Run: ``nice -n 15 env OMP_NUM_THREADS=1 python benchmarks/bench_sensitivity.py``
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import time
 from pathlib import Path
@@ -52,11 +53,15 @@ def parse() -> argparse.Namespace:
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--table-only", action="store_true", help="rewrite the docs table from --out, measure nothing")
     return p.parse_args()
 
 
 def main() -> int:
     args = parse()
+    if args.table_only:
+        write_table(json.loads(args.out.read_text()))
+        return 0
     torch.set_num_threads(args.threads)
     widths = tuple(int(w) for w in args.widths.split(","))
     model = interp.load_model(args.model)
@@ -117,20 +122,26 @@ def _ci(d: dict[str, float]) -> str:
 def write_table(result: dict[str, Any]) -> None:
     """The table between the sensitivity markers of docs/benchmarks.md, from the result."""
     p, n = result["proxy"], result["nll"]
-    lines = ["| estimator | scores | tokens | split-half Spearman [95% CI] | seconds | model forwards |",
+    lines = ["| estimator | scores | tokens | split-half Spearman [95% CI] | seconds | token-forwards |",
              "|---|---|---:|---|---:|---:|",
              f"| proxy tr(ΔW H ΔWᵀ), all widths | {len(p['widths'])} widths x 210 weights | {p['tokens']} | "
-             f"{_ci(p['split_half_all'])} | {p['seconds']:.0f} | {p['model_forwards']:.0f} |"]
+             f"{_ci(p['split_half_all'])} | {p['seconds']:.0f} | {p['tokens']} |"]
     for width, d in p["split_half_by_width"].items():
         lines.append(f"| proxy, {width}-bit only | 210 weights | {p['tokens']} | {_ci(d)} | | |")
     for step, d in p["split_half_gains"].items():
         lines.append(f"| proxy, gain {step} bits | 210 weights | {p['tokens']} | {_ci(d)} | | |")
     c = result["nll_committed"]
     lines.append(f"| NLL one at a time (today's), GPTQ 3-bit, committed pass | 210 weights | {c['tokens']} | "
-                 f"{_ci(c['split_half'])} | {c['seconds']:.0f} | {c['model_forwards']:.0f} |")
-    lines.append(f"| NLL one at a time, RTN {p['widths'][0]}-bit, this run (reduced) | 210 weights | {n['tokens']} | "
-                 f"{_ci(n['split_half'])} | {n['seconds']:.0f} | {n['model_forwards']:.1f} |")
+                 f"{_ci(c['split_half'])} | {c['seconds']:.0f} | {c['model_forwards'] * c['tokens']:.0f} |")
+    lines.append(f"| NLL one at a time, RTN {p['widths'][0]}-bit, this run (reduced; 1 example per half) | "
+                 f"210 weights | {n['tokens']} | {_ci(n['split_half'])} | {n['seconds']:.0f} | "
+                 f"{n['model_forwards'] * 8 / n['examples'] * n['tokens']:.0f} |")
     a = result["proxy_vs_nll"]
+    lines.append("")
+    lines.append("Token-forwards: model forwards (a forward from a weight's block counts as its share of the "
+                 "model) times the tokens each covers. Seconds: wall time, one thread at nice 15 on the shared "
+                 "2-core machine (load average about 11 during this run), so they overstate the CPU cost; the two "
+                 "estimators ran in the same process, one after the other.")
     lines.append("")
     lines.append(f"Proxy ({a['width']}-bit RTN) against {a['against']}, over the 210 weights: Spearman "
                  f"{a['rho']:.3f} [{a['low']:.3f}, {a['high']:.3f}].")
