@@ -51,6 +51,7 @@ from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of
 from interp.runtime.readout import Readout
 from interp.typing import Key
+from interp.validate import checked
 
 How = Literal["zero", "mean", "resample"]
 HOWS = ("zero", "mean", "resample")
@@ -224,6 +225,7 @@ def _last_logits(model: Model, readout: Readout, tokens: Tensor, lengths: Tensor
         return readout.logits(final["resid"][rows, lengths.to(rows.device) - 1]).cpu()
 
 
+@checked(reference=lambda value, name, arguments: None)  # prompts, not a model: checked by as_examples
 def ablate(
     model: Model,
     prompts: Prompts,

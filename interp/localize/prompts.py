@@ -3,7 +3,9 @@
 The toolbox helpers (:mod:`~interp.localize.ablation`, :mod:`~interp.localize.heatmaps`,
 :mod:`~interp.localize.top_tokens`, :mod:`~interp.localize.patterns`,
 :mod:`~interp.localize.linear_probe`, :mod:`~interp.localize.steering`) take their inputs
-through these functions, so each accepts the same forms and refuses bad ones with the same words.
+through these functions and the circuit tools' own doors (:func:`interp.localize.circuit.prompt_rows`,
+:func:`interp.localize.circuit.answer_ids`), so each accepts the same forms as ``interp.dla`` and
+refuses bad ones with the same words.
 
 Example:
     >>> import interp
@@ -21,15 +23,14 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Union
 
-import torch
 from torch import Tensor
 
-from interp.data import Examples, examples_from_texts
+from interp.data import Examples
 from interp.errors import DataError
+from interp.localize.circuit import answer_ids, prompt_rows  # noqa: F401 (answer_ids: re-exported)
 from interp.models import Model
-from interp.runtime import hooks as hk
 from interp.runtime.batching import check_examples
 
 Prompts = Union[str, Sequence[str], Examples, Tensor]
@@ -38,19 +39,9 @@ Answers = Union[str, int, Sequence[Union[str, int]], Tensor]
 
 def as_examples(model: Model, prompts: Prompts, what: str = "prompts") -> Examples:
     """``prompts`` as checked Examples: a string or a list of strings (BOS added, padded with a mask),
-    token rows ``[N, T]`` (or one row ``[T]``), or Examples as they are."""
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    if isinstance(prompts, Examples):
-        examples = prompts
-    elif isinstance(prompts, Tensor):
-        rows = prompts[None] if prompts.ndim == 1 else prompts
-        examples = Examples.from_tokens(rows)
-    elif isinstance(prompts, Sequence) and prompts and all(isinstance(p, str) for p in prompts):
-        examples = examples_from_texts(list(prompts), model.tokenizer)
-    else:
-        raise DataError(f"{what} must be a string, a list of strings, token ids [N, T] or interp Examples; got "
-                        f"{type(prompts).__name__}.")
+    token rows ``[N, T]`` (or one row ``[T]``), or Examples as they are (:func:`interp.localize.circuit.prompt_rows`,
+    the circuit tools' door, then the model's checks)."""
+    examples = prompt_rows(model, prompts, what)
     check_examples(model, examples)
     return examples
 
@@ -62,33 +53,6 @@ def one_prompt(model: Model, prompt: Prompts) -> Tensor:
         raise DataError(f"This takes one prompt; got {len(examples)}. Pass a single string (or one row of ids).")
     row = examples.tokens[0]
     return row if examples.attention_mask is None else row[examples.attention_mask[0]]
-
-
-def answer_ids(model: Model, answers: Answers, n: int, what: str = "answer") -> Tensor:
-    """``[n]`` token ids: one answer for every prompt or one per prompt; a string must be one token
-    (``" Mary"`` with its leading space, as the tokenizer splits words)."""
-    if isinstance(answers, (str, int)) or (isinstance(answers, Tensor) and answers.ndim == 0):
-        answers = [answers]  # type: ignore[list-item]
-    values = answers.tolist() if isinstance(answers, Tensor) else list(answers)  # type: ignore[arg-type]
-    ids = [_one_token(model, value, what) for value in values]
-    if len(ids) == 1:
-        ids = ids * n
-    if len(ids) != n:
-        raise DataError(f"{what} needs one token or one per prompt ({n}); got {len(ids)}.")
-    return torch.tensor(ids, dtype=torch.long)
-
-
-def _one_token(model: Model, value: Any, what: str) -> int:
-    vocab = int(hk.unembed_weight(model).shape[0])
-    if isinstance(value, str):
-        ids = model.tokenizer.encode(value, add_special_tokens=False)
-        if len(ids) != 1:
-            raise DataError(f"{what} {value!r} is {len(ids)} tokens for this tokenizer; use a single-token answer "
-                            "(often with its leading space, ' Mary') or pass its token id.")
-        return int(ids[0])
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab:
-        raise DataError(f"{what} token ids must be integers in 0..{vocab - 1}; got {value!r}.")
-    return int(value)
 
 
 def token_strings(model: Model, ids: Sequence[int] | Tensor) -> list[str]:
