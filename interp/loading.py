@@ -114,22 +114,24 @@ def check_safetensors(path: Path) -> None:
     size = regular_file(path, "the weights file", ModelLoadError).stat().st_size
     head = _head(path, 8)
     if len(head) < 8:
-        raise ModelLoadError(f"{path} is {size} bytes, too short for a safetensors file: it is truncated.")
+        raise ModelLoadError(f"Could not load the model: {path} is {size} bytes, too short for a safetensors file "
+                             "(it is truncated).")
     (length,) = struct.unpack("<Q", head)
     if length > SAFETENSORS_HEADER_LIMIT or 8 + length > size:
-        raise ModelLoadError(f"{path} claims a {length}-byte header in a {size}-byte file: it is truncated or "
-                             "not a safetensors file.")
+        raise ModelLoadError(f"Could not load the model: {path} claims a {length}-byte header in a {size}-byte "
+                             "file (it is truncated or not a safetensors file).")
     try:
         header = json.loads(_head(path, 8 + length)[8:])
     except (ValueError, RecursionError):
         header = None
     if not isinstance(header, dict):
-        raise ModelLoadError(f"{path} has a malformed safetensors header: it is truncated or not a safetensors file.")
+        raise ModelLoadError(f"Could not load the model: {path} has a malformed safetensors header (it is truncated "
+                             "or not a safetensors file).")
     end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)
                and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2), default=0)
     if 8 + length + end > size:
-        raise ModelLoadError(f"{path} is {size} bytes but its header places tensors up to byte {8 + length + end}: "
-                             "the file is truncated. Copy or download it again.")
+        raise ModelLoadError(f"Could not load the model: {path} is {size} bytes but its header places tensors up to "
+                             f"byte {8 + length + end} (the file is truncated). Copy it again.")
 
 
 def _head(path: Path, n: int) -> bytes:
@@ -141,8 +143,10 @@ def check_gguf(path: Path) -> None:
     """Refuse what is not a GGUF file (magic, version, counts that fit the file) before it is hashed or parsed."""
     size = regular_file(path, "the GGUF file", ModelLoadError).stat().st_size
     head = _head(path, 24)
-    if len(head) < 24 or head[:4] != GGUF_MAGIC:
+    if head[:4] != GGUF_MAGIC:
         raise ModelLoadError(f"{path} is not a GGUF file (it does not start with 'GGUF'); pass a valid .gguf file.")
+    if len(head) < 24:
+        raise ModelLoadError(f"{path} is truncated: {size} bytes, shorter than a GGUF header. Copy it again.")
     version, n_tensors, n_values = struct.unpack("<IQQ", head[4:24])
     if version not in (2, 3) or n_tensors * 24 + n_values * 12 > size:  # each entry takes at least that many bytes
         raise ModelLoadError(f"{path} has a malformed GGUF header (version {version}, {n_tensors} tensors, "

@@ -98,6 +98,10 @@ def layer_indices(layers: Any, n_layers: int) -> list[int]:
     if not out:
         raise ComponentError(f"The layer selection is empty; pass at least one layer in 0..{n_layers - 1}, "
                              "or None for all layers.")
+    repeated = next((layer for i, layer in enumerate(out) if layer in out[:i]), None)
+    if repeated is not None:  # measured twice, a layer would fill one row and leave its twin NaN or zero
+        raise ComponentError(f"Layer {repeated} is selected twice (negative indices count from the end, so -1 is "
+                             f"layer {n_layers - 1}); give each layer once.")
     return out
 
 

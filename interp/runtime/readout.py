@@ -12,12 +12,50 @@ from jaxtyping import Float, Int64
 from torch import Tensor
 
 from interp.data import counted_positions
-from interp.errors import ComponentError
+from interp.errors import ComponentError, NonFiniteError
 from interp.models import Model
 from interp.runtime import hooks as hk
 from interp.typing import Resid, TokenNLL, Tokens
 
 DEFAULT_MAX_LOGITS = 1 << 23  # 32 MiB of float32 logits alive at once (fits a large L3)
+# A uniform prediction over V tokens scores log V; computed in float32 (a log-sum-exp of V equal logits, V < 2^24
+# exact, then one log and two subtractions) it lands within a few ulps of log V. 8 ulps of log V bounds that.
+SATURATED_ULPS = 8
+
+
+def refuse_saturated(values: Tensor, vocab: int, counted: Tensor | None = None) -> None:
+    """Refuse per-target NLL ``[B, T-1]`` in which some row scores ``log(vocab)`` at every (counted) target.
+
+    That is the NLL of a uniform prediction whatever the text: the logits were equal for every token,
+    because an activation overflowed float32 before the output head (finite but huge weights make the
+    final norm's mean square inf, and the norm returns zeros) or the head itself is constant. Such a
+    row is not a measurement, so :class:`~interp.errors.NonFiniteError` says where instead.
+
+    Example:
+        >>> import math, torch
+        >>> refuse_saturated(torch.tensor([[5.0, 5.6], [5.5, 5.5]]), 259)  # real predictions: nothing raised
+        >>> refuse_saturated(torch.full((2, 3), math.log(259)), 259)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        interp.errors.NonFiniteError: The predictions are uniform over all 259 tokens ...
+    """
+    if vocab < 2 or values.numel() == 0:
+        return
+    level = math.log(vocab)
+    at_level = (values.detach().double() - level).abs() <= SATURATED_ULPS * torch.finfo(torch.float32).eps * level
+    if counted is None:
+        rows = at_level.all(dim=1)
+    else:
+        rows = (at_level | ~counted).all(dim=1) & counted.any(dim=1)
+    if bool(rows.any()):
+        where = rows.nonzero().flatten().tolist()
+        raise NonFiniteError(
+            f"The predictions are uniform over all {vocab} tokens at every position of {len(where)} of the "
+            f"{values.shape[0]} rows in this batch (rows {where[:5]}): the logits at the output head are equal for "
+            f"every token, so each NLL is log {vocab} = {level:.4f} whatever the text. An activation overflowed "
+            "float32 before the head (finite but huge weights make the final norm's mean square inf, and it "
+            "returns zeros), or the head is constant. This is not a measurement: check the model's weights, "
+            "dtype and hooks.")
 
 
 class Readout:
@@ -80,11 +118,14 @@ class Readout:
         targets = rearrange(tokens[:, 1:], "b t -> (b t) 1").to(flat.device)
         if not (torch.is_grad_enabled() and flat.requires_grad):
             normed_rows = flat if normed else self.norm(flat)
-            return rearrange(self._nll_by_vocab_slices(normed_rows, targets.squeeze(-1)), "(b t) -> b t", b=batch)
-        rows = max(1, self.max_logits // self.vocab)
-        out = [self._rows_nll(flat[start : start + rows], targets[start : start + rows], normed)
-               for start in range(0, flat.shape[0], rows)]
-        return rearrange(torch.cat(out), "(b t) -> b t", b=batch)
+            values = rearrange(self._nll_by_vocab_slices(normed_rows, targets.squeeze(-1)), "(b t) -> b t", b=batch)
+        else:
+            rows = max(1, self.max_logits // self.vocab)
+            out = [self._rows_nll(flat[start : start + rows], targets[start : start + rows], normed)
+                   for start in range(0, flat.shape[0], rows)]
+            values = rearrange(torch.cat(out), "(b t) -> b t", b=batch)
+        refuse_saturated(values, self.vocab)
+        return values
 
     def _nll_by_vocab_slices(self, normed: Float[Tensor, "rows d_model"], targets: Int64[Tensor, " rows"]
                              ) -> Float[Tensor, " rows"]:
@@ -137,6 +178,9 @@ class Readout:
                              for i in range(0, flat.shape[0], rows)])
         else:
             per = self._nll_by_vocab_slices(flat if normed else self.norm(flat), targets)
+        placed = torch.zeros(keep.shape, dtype=per.dtype, device=per.device)
+        placed[keep] = per.detach()
+        refuse_saturated(placed, self.vocab, keep)
         total = torch.zeros(tokens.shape[0], dtype=torch.float64, device=resid.device)
         total.index_add_(0, keep.nonzero()[:, 0], per.double())
         return total / keep.sum(dim=1).clamp(min=1)

@@ -21,7 +21,7 @@ from interp.errors import ComponentError, NonFiniteError
 from interp.models import Model
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_examples, device_of, listed, non_finite_weights, show_progress
-from interp.runtime.readout import Readout
+from interp.runtime.readout import Readout, refuse_saturated
 
 
 def token_nll(logits: torch.Tensor, tokens: torch.Tensor, chunk: int = 32) -> torch.Tensor:
@@ -37,7 +37,9 @@ def token_nll(logits: torch.Tensor, tokens: torch.Tensor, chunk: int = 32) -> to
         rows = torch.nn.functional.cross_entropy(rearrange(block, "b t v -> (b t) v"),
                                                  rearrange(target, "b t -> (b t)"), reduction="none")
         out.append(rearrange(rows, "(b t) -> b t", b=target.shape[0]))
-    return torch.cat(out, dim=1)
+    values = torch.cat(out, dim=1)
+    refuse_saturated(values, logits.shape[-1])  # a row predicted uniformly everywhere is an overflow, not a result
+    return values
 
 
 def token_kl(ref_logits: torch.Tensor, logits: torch.Tensor, chunk: int = 32) -> torch.Tensor:
