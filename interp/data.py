@@ -45,7 +45,7 @@ from interp import validate
 from interp.errors import DataError
 from interp.reading import read_text
 from interp.typing import Tokens
-from interp.validate import count
+from interp.validate import checked, count
 
 Split = Literal["eval", "calibration", "all"]
 CALIBRATION_FRACTION_DENOMINATOR = 8  # one document in 8 goes to the calibration split
@@ -389,6 +389,7 @@ def _source_key(source: str | Path, split: str) -> tuple[Any, ...] | None:
     return (str(path.resolve()), stat.st_mtime_ns, stat.st_size, split)
 
 
+@checked
 def load_examples(
     source: str | Path,
     tokenizer: Any,
@@ -461,6 +462,7 @@ def load_examples(
     )
 
 
+@checked
 def examples_from_texts(texts: Sequence[str], tokenizer: Any, max_len: int | None = None,
                         padding: Literal["right", "left"] = "right", ids: Sequence[str] | None = None) -> Examples:
     """Token rows from your own prompts, of any lengths, padded into one batch with an attention mask.

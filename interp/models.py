@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from interp.validate import checked
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -525,6 +527,7 @@ def _from_memory(obj: Any, tokenizer: Any, name: str | None, dtype: torch.dtype 
     return obj
 
 
+@checked
 def load_model(
     name_or_path: str | os.PathLike[str] | Any = "smollm2-135m",
     dtype: torch.dtype | str | None = None,
@@ -668,6 +671,7 @@ def tiny_tokenizer() -> Any:
 TINY_VOCAB = 259
 
 
+@checked
 def tiny_model(kind: Literal["llama", "gpt2"] = "llama", seed: int = 0, n_layers: int = 2, **overrides: Any) -> Any:
     """A random-init model for unit tests (no download): llama-style gated MLP, or GPT-2.
 
@@ -756,6 +760,7 @@ def _offloaded_value(hf_model: Any, name: str) -> torch.Tensor:
     return hook.weights_map[attr]
 
 
+@checked
 def model_hash(model: Any) -> str:
     """A short identity for a model's weights.
 

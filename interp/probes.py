@@ -54,6 +54,7 @@ from interp.models import Model, model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import StopForward, batches, check_examples, check_memory, device_of, show_progress
 from interp.runtime.scoring import token_nll
+from interp.validate import checked
 
 # ---------------------------------------------------------------------------------------
 # Reducers: activation [batch, pos, ...] -> per-example values [batch, ...]
@@ -263,6 +264,7 @@ def _full_bytes(model: Model, component: str, n_examples: int, seq_len: int, n_l
     return hk.capture_bytes(model, component, n_examples, seq_len, n_layers)
 
 
+@checked
 def probe(
     model: Model,
     examples: Examples,

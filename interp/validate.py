@@ -168,7 +168,7 @@ import functools  # noqa: E402 - the boundary section keeps its imports beside i
 import inspect  # noqa: E402
 import math  # noqa: E402
 import typing  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
+from collections.abc import Callable, Mapping, Sequence  # noqa: E402
 
 SEED_LIMIT = 2**63
 
@@ -410,6 +410,52 @@ def _layers(value: Any, name: str, arguments: dict[str, Any]) -> None:
     indices(value, name, n_layers, "layers", negative=True)
 
 
+def _module(value: Any, name: str, arguments: dict[str, Any]) -> None:
+    if not any(cls.__name__ == "Module" and cls.__module__.startswith("torch.nn") for cls in type(value).__mro__):
+        raise InterpError(f"{name} must be a model, such as interp.load_model(...) or interp.tiny_model(), got "
+                          f"{_shown(value)} ({_kind(value)}).")
+
+
+_module.always = True  # type: ignore[attr-defined]  # whatever the annotation says (Any, a protocol)
+
+
+def _dim(value: Any, name: str, arguments: dict[str, Any]) -> None:
+    """Tensor dimensions: integers within the rank of the tensor arguments."""
+    ranks = [v.ndim for v in arguments.values() if _is_tensor(v)]
+    dims = value if isinstance(value, (tuple, list)) else [value]
+    for dim in dims:
+        integer(dim, name)
+        if ranks and not -min(ranks) <= int(dim) < min(ranks):
+            raise InterpError(f"{name} {dim} is out of range for a tensor of {min(ranks)} dimensions.")
+    if len({int(d) % min(ranks) if ranks else int(d) for d in dims}) != len(dims):
+        raise InterpError(f"{name} names one dimension twice: {value!r}.")
+
+
+def _has(attribute: str, what: str) -> Rule:
+    """A rule for an argument typed ``Any``: it must have ``attribute`` (``what`` names such an object)."""
+    def rule(value: Any, name: str, arguments: dict[str, Any]) -> None:
+        if not hasattr(value, attribute):
+            raise InterpError(f"{name} must be {what}, got {_shown(value)} ({_kind(value)}).")
+    rule.always = True  # type: ignore[attr-defined]
+    return rule
+
+
+def weight(value: Any, name: str, arguments: dict[str, Any]) -> None:
+    """A weight: a floating-point tensor, ``[d_out, d_in]`` for a quantizer (which checks the shape and values)."""
+    if not (_is_tensor(value) and value.is_floating_point()):
+        shape = f"shape {tuple(value.shape)}, {value.dtype}" if _is_tensor(value) else _kind(value)
+        raise SpecError(f"{name} must be a 2-D float weight [d_out, d_in], got {shape}.")
+
+
+weight.always = True  # type: ignore[attr-defined]
+
+
+def model_or_weights(value: Any, name: str, arguments: dict[str, Any]) -> None:
+    """A model, or the mapping of block weights that stands for one (interp.patch's ``target``)."""
+    if not isinstance(value, Mapping):
+        _module(value, name, arguments)
+
+
 _ERRORS: dict[str, type[InterpError]] = {
     **dict.fromkeys(("spec", "specs", "method"), SpecError),
     **dict.fromkeys(("source", "texts", "ids", "examples", "n", "seq_len", "max_len", "seed", "tokens"), DataError),
@@ -427,9 +473,15 @@ NAMED: dict[str, Rule] = {
     "sink": _count(0),
     "min_keys": _count(1),
     **{name: _fraction(0, 1) for name in ("top", "level", "memory_fraction")},
-    "dedup": _fraction(0, 1, open_low=False),
+    "dedup": _fraction(0, 1, open_low=False, open_high=False),
     "ctrl_pool": _fraction(0, 1, open_high=False),
     "device": lambda value, name, arguments: None if value is None else device(value, name) and None,
+    "model": _module,
+    "reference": _module,
+    "dim": _dim,
+    "W": weight,
+    "W_hat": weight,
+    "probe_result": _has("stats", "a ProbeResult from interp.probe"),
     "layers": _layers,
     "layer": _indexed(lambda a: _cfg(a, "n_layers"), "layers", many=False, negative=True),
     "heads": _HEADS,
@@ -449,6 +501,7 @@ NAMED: dict[str, Rule] = {
 # ---- rules by annotation
 
 
+_CONTAINERS = (dict, list, tuple, set, frozenset, Mapping, Sequence, Iterable, __import__("os").PathLike)
 _UNKNOWN = object()  # an annotation member that cannot be resolved (imported for type checking only)
 
 
@@ -490,24 +543,33 @@ def _type_check(member: Any) -> Callable[[Any], bool] | None:
     if origin is typing.Literal:
         # a string outside the choices is left to the function, whose message can say "did you mean"
         return lambda v: isinstance(v, str) or (is_integer(v) and v in args)
-    if origin in (list, tuple, Sequence, Iterable) and args and args[0] is int:
+    fixed_tuple = origin is tuple and args[1:] != (Ellipsis,)  # tuple[str, Callable]: not a list of names
+    if origin in (list, tuple, Sequence, Iterable) and args and args[0] is int and not fixed_tuple:
         return lambda v: (not isinstance(v, (str, bytes, dict)) and isinstance(v, Iterable)
                           and all(is_integer(x) for x in v))
-    if origin in (list, tuple, Sequence, Iterable) and args and args[0] is str:  # one name counts as a list of one
+    if origin in (list, tuple, Sequence, Iterable) and args and args[0] is str and not fixed_tuple:
+        # one name counts as a list of one
         return lambda v: isinstance(v, str) or (not isinstance(v, (bytes, dict)) and isinstance(v, Iterable)
                                                 and all(isinstance(x, str) for x in v))
     if getattr(member, "__module__", "").startswith("jaxtyping") or (
             isinstance(member, type) and member.__name__ == "Tensor" and member.__module__.startswith("torch")):
         return _is_tensor
-    if isinstance(member, type) and origin is None and not getattr(member, "_is_protocol", False):
+    if getattr(member, "_is_protocol", False):  # interp.models.Model is runtime-checkable
+        return (lambda v: isinstance(v, member)) if getattr(member, "_is_runtime_protocol", False) else None
+    if isinstance(member, type) and origin is None:
         return lambda v: isinstance(v, member)  # a class such as Examples or pd.DataFrame
+    if origin in _CONTAINERS:  # dict[str, Any], os.PathLike[str], Sequence[Patch]
+        plain_item = args and isinstance(args[0], type) and typing.get_origin(args[0]) is None
+        item = _type_check(args[0]) if plain_item and origin in (list, Sequence, Iterable) else None
+        return lambda v: isinstance(v, origin) and not isinstance(v, (str, bytes)) and (
+            item is None or all(item(x) for x in v))
     return None
 
 
 class _Parameter:
     """How one parameter is checked: the type tests of its annotation's members, and its named rule."""
 
-    def __init__(self, parameter: inspect.Parameter, namespace: dict[str, Any]) -> None:
+    def __init__(self, parameter: inspect.Parameter, namespace: dict[str, Any], own: Rule | None = None) -> None:
         self.name = parameter.name
         members = _alternatives(parameter.annotation, namespace) if parameter.annotation is not parameter.empty else []
         tests = [_type_check(m) for m in members]
@@ -519,8 +581,10 @@ class _Parameter:
         only_for = getattr(self.rule, "only_for", None)
         if only_for is not None and only_for not in members:
             self.rule = None
-        elif members and all(not self._plain(m) for m in members):
+        elif members and all(not self._plain(m) for m in members) and not getattr(self.rule, "always", False):
             self.rule = None  # e.g. patch(target: Model): a name shared with a rule for plain values
+        if own is not None:
+            self.rule = own
 
     def check(self, value: Any, arguments: dict[str, Any]) -> None:
         if value is None and (self.default_none or type(None) in self.members):
@@ -559,7 +623,8 @@ class _Parameter:
         return any(typing.get_args(m)[:1] == (int,) for m in self.members)
 
     def _expected(self) -> str:
-        words = {int: "an integer", float: "a number", bool: "True or False", str: "a string", type(None): "None"}
+        words = {int: "an integer", float: "a number (float)", bool: "True or False", str: "a string",
+                 type(None): "None"}
         out = []
         for member in self.members:
             if member in words:
@@ -572,6 +637,8 @@ class _Parameter:
                 out.append("a list of strings")
             elif isinstance(member, type) and member.__name__ != "Tensor":
                 out.append(f"a {member.__name__}")
+            elif typing.get_origin(member) in _CONTAINERS:
+                out.append(f"a {typing.get_origin(member).__name__}")
             else:
                 out.append("a tensor")
         return " or ".join(dict.fromkeys(out))
@@ -595,17 +662,20 @@ def check_arguments(fn: Callable[..., Any], arguments: dict[str, Any]) -> None:
 
 @functools.cache
 def _parameters(fn: Callable[..., Any]) -> tuple[_Parameter, ...]:
-    namespace = {**vars(__import__("builtins")), **getattr(fn, "__globals__", {})}
+    namespace = {**vars(__import__("builtins")), **getattr(inspect.unwrap(fn), "__globals__", {})}
     signature = inspect.signature(fn)
-    return tuple(_Parameter(p, namespace) for p in signature.parameters.values()
+    own = _OWN_RULES.get(inspect.unwrap(fn), {})
+    return tuple(_Parameter(p, namespace, own.get(p.name)) for p in signature.parameters.values()
                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
 
 
-def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
+def checked(fn: Callable[..., Any] | None = None, **rules: Rule) -> Any:
     """Decorate a public function so that its arguments are checked before its body runs.
 
     The checks come from the signature (see the section comment above :data:`NAMED`); a
     bad argument raises an :class:`~interp.errors.InterpError` naming it and what to pass.
+    ``@checked(name=rule)`` gives one parameter a rule of its own, in place of the one its
+    name has in :data:`NAMED` (a rule is ``(value, name, arguments) -> None``).
 
     Example:
         >>> @checked
@@ -622,7 +692,11 @@ def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
         ...
         interp.errors.ComponentError: layers holds 1 twice; give each of the layers once.
     """
+    if fn is None:
+        return lambda function: checked(function, **rules)
     signature = inspect.signature(fn)
+    if rules:
+        _OWN_RULES[inspect.unwrap(fn)] = rules
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -635,3 +709,6 @@ def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     wrapper.__checked__ = True  # type: ignore[attr-defined]
     return wrapper
+
+
+_OWN_RULES: dict[Any, dict[str, Rule]] = {}

@@ -33,6 +33,7 @@ from interp.display import ResultDisplay
 from interp.models import Model
 from interp.probes import ProbeResult, probe
 from interp.runtime import hooks as hk
+from interp.validate import checked
 
 if TYPE_CHECKING:
     from interp.attention.saobp import Mode
@@ -108,6 +109,7 @@ def _table(stats: Any, variant: str) -> pd.DataFrame:
     return pd.concat(frames, axis=1).reset_index()
 
 
+@checked
 def analyze(
     model: Model,
     examples: Examples,

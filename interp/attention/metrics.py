@@ -57,6 +57,7 @@ from torch import Tensor
 from interp import validate
 from interp.errors import InterpError
 from interp.typing import Pattern, PerQuery
+from interp.validate import checked
 
 KeyMask = Bool[Tensor, "... key"]
 QueryMask = Bool[Tensor, "... query"]
@@ -162,6 +163,7 @@ def _working_dtype(pattern: Tensor) -> Tensor:
     return pattern.float() if pattern.dtype in (torch.float16, torch.bfloat16) else pattern
 
 
+@checked
 def keys_per_query(n_queries: int, key_mask: KeyMask | None = None, n_keys: int | None = None) -> Tensor:
     """Number of keys ``n_i`` each query may attend to under a causal mask and padding.
 
@@ -198,6 +200,7 @@ def keys_per_query(n_queries: int, key_mask: KeyMask | None = None, n_keys: int 
     return counts[..., n_keys - n_queries :]
 
 
+@checked
 def valid_query_mask(n_queries: int, key_mask: KeyMask | None = None, min_keys: int = 2) -> QueryMask:
     """Which queries to include when averaging a per-query quantity.
 
@@ -226,6 +229,7 @@ def valid_query_mask(n_queries: int, key_mask: KeyMask | None = None, min_keys: 
     return valid
 
 
+@checked
 def masked_mean(values: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
     """Mean of ``values`` over the entries where ``mask`` is True (mask broadcasts).
 
@@ -242,6 +246,7 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None 
     return total / count
 
 
+@checked
 def entropy(pattern: Pattern, normalized: bool = False, key_mask: KeyMask | None = None, *,
             check: bool = True) -> PerQuery:
     """Attention entropy per query, in nats (``0 log 0 = 0``).
@@ -279,6 +284,7 @@ def entropy(pattern: Pattern, normalized: bool = False, key_mask: KeyMask | None
     return torch.where(n_visible > 1, h / torch.where(n_visible > 1, log_n, torch.ones_like(log_n)), 0.0)
 
 
+@checked
 def effective_span(pattern: Pattern, *, check: bool = True) -> PerQuery:
     """Effective number of attended keys, ``exp(H_i)``; 1 for a one-hot (or all-zero) row.
 
@@ -289,6 +295,7 @@ def effective_span(pattern: Pattern, *, check: bool = True) -> PerQuery:
     return torch.exp(entropy(pattern, check=check))
 
 
+@checked
 def sink_share(pattern: Pattern, sink: int = 0, *, check: bool = True) -> PerQuery:
     """Attention mass each query puts on the key at index ``sink`` (default 0, the BOS).
 
@@ -320,6 +327,7 @@ def _walk_mixture(pattern: Tensor, hops: int, alpha: float) -> Tensor:
     return mixture / weight_sum
 
 
+@checked
 def gtd(pattern: Pattern, hops: int = 2, alpha: float = 1.0, *, check: bool = True) -> PerQuery:
     """Global Token Dependency: ``TV(A_i, W_i)`` with ``W`` the multi-hop walk mixture.
 

@@ -59,6 +59,7 @@ from torch import Tensor
 from interp.attention.metrics import KeyMask, _check_pattern, check_key_mask
 from interp.errors import InterpError
 from interp.typing import Pattern
+from interp.validate import checked
 
 Mode = Literal["exact", "first_order"]
 Beta = float | Float[Tensor, "*head"]
@@ -179,6 +180,7 @@ def _exact(pattern: Tensor, beta: float | Tensor, valid: Tensor, chunk: int | No
     return torch.cat(pieces, dim=-2)
 
 
+@checked
 def saobp(
     pattern: Pattern,
     beta: Beta,
@@ -264,6 +266,7 @@ def saobp(
     return refined
 
 
+@checked
 def saobp_hook(beta: Beta, mode: Mode = "exact", chunk: int | None = None) -> Callable[[Tensor, Any], Tensor]:
     """A transformer-lens forward hook that replaces an attention pattern by its SAOBP refinement.
 

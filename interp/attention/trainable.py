@@ -44,6 +44,7 @@ from transformers.models.llama.modeling_llama import eager_attention_forward, re
 
 from interp.attention.saobp import MODES, Mode, saobp
 from interp.errors import InterpError
+from interp.validate import checked
 
 ATTN_IMPLEMENTATION = "saobp"
 BETA_PARAM = "saobp_beta_raw"
@@ -121,6 +122,7 @@ def module_beta(module: Any, settings: SAOBPConfig) -> float | torch.Tensor:
     return settings.beta if raw is None else nn.functional.softplus(raw)
 
 
+@checked
 def saobp_attention_forward(
     module: Any,  # a transformers attention module (layer_idx, num_key_value_groups, ...)
     query: torch.Tensor,  # [batch, head, query, d_head]
@@ -217,6 +219,7 @@ def attach_saobp(model: LlamaForCausalLM, settings: SAOBPConfig) -> None:
             attention.register_parameter(BETA_PARAM, nn.Parameter(raw))
 
 
+@checked
 def build_llama(
     config_kwargs: dict[str, Any], saobp: SAOBPConfig | None = None, seed: int | None = None
 ) -> LlamaForCausalLM:
@@ -269,6 +272,7 @@ def _refined_modules(model: nn.Module) -> list[Any]:
     return refined
 
 
+@checked
 @contextmanager
 def capture_prior_patterns(model: nn.Module) -> Iterator[dict[int, list[torch.Tensor]]]:
     """Record the unrefined pattern ``A`` of every refined layer during forward passes.
@@ -296,6 +300,7 @@ def capture_prior_patterns(model: nn.Module) -> Iterator[dict[int, list[torch.Te
             module.saobp_capture = None
 
 
+@checked
 def saobp_betas(model: nn.Module) -> dict[int, torch.Tensor]:
     """The beta each refined layer uses now, ``{layer: [n_heads]}`` (detached; empty for a baseline).
 

@@ -29,8 +29,10 @@ from interp.localize.heatmaps import PatchHeatmap
 from interp.localize.linear_probe import LinearProbeResult
 from interp.localize.patterns import AttentionPatterns, attention_patterns
 from interp.localize.top_tokens import TopTokens
+from interp.validate import checked
 
 
+@checked
 def attention_view(model_or_patterns: Any, prompt: Any = None, *, layers: Sequence[int] | None = None,
                    heads: Sequence[int] | None = None, title: str | None = None) -> go.Figure:
     """Every head's attention pattern on one prompt, a menu choosing the (layer, head) shown.

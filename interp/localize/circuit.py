@@ -54,7 +54,7 @@ from interp.models import Model
 from interp.runtime import hooks as hk
 from interp.runtime.batching import device_of
 from interp.validate import batch_size as _batch_size
-from interp.validate import integer, is_integer
+from interp.validate import checked, integer, is_integer
 
 Prompts = str | Sequence[str] | Examples | Tensor
 Answers = str | int | Sequence[str | int] | Tensor
@@ -273,6 +273,7 @@ def _listed(values: Any, what: str, example: str) -> list[Any]:
 # The three tools
 
 
+@checked
 def dla(model: Model, prompts: Prompts, answer: Answers, wrong: Answers | None = None, *, position: int = -1,
         batch_size: int = 8, progress: bool | None = None) -> LogitAttribution:
     """Direct logit attribution of ``answer`` (minus ``wrong``) at each prompt's last token, from strings.
@@ -309,6 +310,7 @@ def dla(model: Model, prompts: Prompts, answer: Answers, wrong: Answers | None =
     return _with_text(result, model, answers, wrongs)
 
 
+@checked
 def eap(model: Model, clean: Prompts, corrupt: Prompts, answer: Answers, wrong: Answers, *,
         senders: Sequence[Sender | str] | None = None, receivers: Sequence[Receiver | str] | str = "logits",
         ig_steps: int = 1, batch_size: int = 8) -> EdgeAttribution:
@@ -347,6 +349,7 @@ def eap(model: Model, clean: Prompts, corrupt: Prompts, answer: Answers, wrong: 
     return _with_text(result, model, answers, wrongs)
 
 
+@checked
 def path_patch(model: Model, clean: Prompts, corrupt: Prompts, answer: Answers, wrong: Answers,
                senders: Sequence[Sender | str] | Sender | str, receivers: Sequence[Receiver | str] | str = "logits", *,
                batch_size: int = 8, max_rows: int = 64) -> PathPatchResult:
@@ -430,6 +433,7 @@ class Circuit(ResultDisplay):
                 "confirmed": self.confirmed, "attention": self.attention}
 
 
+@checked
 def circuit(model: Model, clean: Prompts, corrupt: Prompts, answer: Answers, wrong: Answers, *, top_k: int = 8,
             movers: int = 3, ig_steps: int = 1, batch_size: int = 8) -> Circuit:
     """DLA, then EAP, then path patching of EAP's ``top_k`` edges, on clean/corrupted prompt pairs.

@@ -47,6 +47,7 @@ from interp.localize.patching.results import PatchResult
 from interp.localize.prompts import Answers, Prompts, answer_ids, as_examples, token_strings
 from interp.models import Model
 from interp.runtime import hooks as hk
+from interp.validate import checked
 
 Over = Literal["head", "position"]
 
@@ -86,6 +87,7 @@ class PatchHeatmap(ResultDisplay):
         return long.reindex(long["recovery"].abs().sort_values(ascending=False).index).head(10).reset_index(drop=True)
 
 
+@checked
 def patch_heatmap(
     model: Model,
     clean: Prompts,

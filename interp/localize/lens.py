@@ -54,6 +54,7 @@ from interp.runtime import hooks as hk
 from interp.runtime.batching import StopForward, batches, check_context, show_progress
 from interp.runtime.readout import DEFAULT_MAX_LOGITS, Readout
 from interp.typing import Tokens
+from interp.validate import checked
 
 ExitPoint = Literal["resid_mid", "resid_post"]
 LayerNLL = Float[Tensor, "n_layers n_examples"]
@@ -110,6 +111,7 @@ def _exit_hook(readout: Readout, tokens: Tokens, row: Tensor, stop: bool, length
     return decode
 
 
+@checked
 def early_exit(
     model: Model,
     examples: Examples,

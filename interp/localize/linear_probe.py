@@ -43,6 +43,7 @@ from interp.models import Model, model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of
 from interp.runtime.capture import capture
+from interp.validate import checked
 
 DEFAULT_RIDGE = 1e-2
 
@@ -170,6 +171,7 @@ def _accuracy(probe: RidgeProbe, x: Tensor, y: Tensor) -> float:
     return float((probe.predict(x) == y).double().mean()) if len(y) else float("nan")
 
 
+@checked
 def linear_probe(
     model: Model,
     prompts: Prompts,

@@ -49,7 +49,7 @@ from interp.models import Model, model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import check_context, device_of
 from interp.runtime.capture import capture
-from interp.validate import count
+from interp.validate import checked, count
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,7 @@ def _greedy(native: Any, tokens: Tensor, steps: int, use_cache: bool) -> tuple[l
     return chosen, torch.stack(rows)
 
 
+@checked
 def steer(
     model: Model,
     prompt: Prompts,
@@ -172,6 +173,7 @@ def steer(
                           text=model.tokenizer.decode(new), settings=settings)
 
 
+@checked
 def steering_vector(model: Model, positive: Prompts, negative: Prompts, layer: int) -> Tensor:
     """``resid_pre[layer](positive) - resid_pre[layer](negative)`` at each prompt's last token (a string each,
     or one row of ids): the contrast ActAdd adds.

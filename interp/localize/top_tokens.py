@@ -36,7 +36,7 @@ from interp.runtime import hooks as hk
 from interp.runtime.batching import device_of
 from interp.runtime.capture import capture
 from interp.runtime.readout import Readout
-from interp.validate import count
+from interp.validate import checked, count
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,7 @@ class TopTokens(ResultDisplay):
         return pd.DataFrame(rows)
 
 
+@checked
 def lens_top_tokens(
     model: Model,
     prompt: Prompts,

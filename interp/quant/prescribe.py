@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from interp.errors import SpecError
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
+from interp.validate import checked
 
 if TYPE_CHECKING:
     from interp.data import Examples
@@ -357,6 +358,7 @@ def sensitivity_rows(calibration: Examples, n: int | None, seq_len: int | None) 
     return Examples.from_tokens(rows.tokens[:, :seq_len], ids=rows.ids)
 
 
+@checked
 def prescribe(model: Model, method: str = "gptq", bits: Sequence[int] = (3, 4), budget: float = 4.0,
               calibration: Examples | None = None, group: int = 64, sensitivity_n: int | None = None,
               sensitivity_seq_len: int | None = None, batch_size: int = 8, progress: bool | None = None,

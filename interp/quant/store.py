@@ -73,6 +73,7 @@ from interp.runtime.scoring import (
     token_nll_fn,
 )
 from interp.runtime.swap import WeightStash
+from interp.validate import checked
 
 REFERENCE = "reference"
 STORE_FILE = "scores.sqlite"
@@ -543,6 +544,7 @@ def _score_spec(store: ScoreStore, key: str, spec: MethodSpec, reference: Model,
         _run_pass(store, key, str(spec), reference, None, examples, todo, bar)
 
 
+@checked
 def score(
     reference: Model,
     specs: Sequence[str | MethodSpec],

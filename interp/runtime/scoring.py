@@ -22,6 +22,7 @@ from interp.models import Model
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_examples, device_of, listed, non_finite_weights, show_progress
 from interp.runtime.readout import Readout, refuse_saturated
+from interp.validate import checked
 
 
 def token_nll(logits: torch.Tensor, tokens: torch.Tensor, chunk: int = 32) -> torch.Tensor:
@@ -114,6 +115,7 @@ def fast_forward(model: Model) -> Any:
     return model.original_model if hk.hooks_active(model) else hk.native_model(model)
 
 
+@checked
 def nll(model: Model, examples: Examples, batch_size: int = 8, progress: bool | None = False) -> torch.Tensor:
     """Mean next-token NLL per example: ``Tensor [N]`` (nats).
 

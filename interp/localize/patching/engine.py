@@ -60,6 +60,7 @@ from interp.runtime.readout import Readout
 from interp.runtime.scoring import model_logits
 from interp.runtime.swap import BlockWeights, WeightStash, is_block_weights, swapped
 from interp.typing import Key, Resid, Tokens
+from interp.validate import checked, model_or_weights
 
 # ---------------------------------------------------------------------------------------
 # Hooks that replace an activation by the source's
@@ -429,6 +430,7 @@ class _Engine:
         return final["resid"]
 
 
+@checked(target=model_or_weights)
 def patch(
     target: Model | BlockWeights,
     source: Model,

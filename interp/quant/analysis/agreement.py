@@ -17,6 +17,7 @@ from interp import stats
 from interp.display import ResultDisplay
 from interp.errors import InterpError
 from interp.io import sanitize
+from interp.validate import checked
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class AgreementResult(ResultDisplay):
             "pairs": self.to_frame().to_dict(orient="records"),
         })
 
+@checked
 def agreement(errors: pd.DataFrame, n_boot: int = 1000, seed: int = 0, top: float = 0.10,
               level: float = 0.95) -> AgreementResult:
     """Cross-method agreement of per-example errors.

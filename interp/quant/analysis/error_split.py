@@ -25,6 +25,7 @@ from interp.quant.apply import cached_quant_info, quantize_cached
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.quant.store import ScoreStore, score
 from interp.runtime.swap import WeightStash
+from interp.validate import checked
 
 
 @dataclass
@@ -81,6 +82,7 @@ class ErrorSplit:
         return self._models[name]
 
 
+@checked
 def error_split(
     reference: Model,
     specs: Sequence[str | MethodSpec],

@@ -17,6 +17,7 @@ from interp.io import sanitize
 from interp.models import Model
 from interp.probes import probe
 from interp.quant.analysis.common import ErrorsLike, error_series
+from interp.validate import checked
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class NormCorrelationResult(ResultDisplay):
         return sanitize({"settings": self.settings, "last_layer": self.last_layer(),
                          "rows": self.table.to_dict(orient="records")})
 
+@checked
 def norm_error_correlation(
     reference: Model,
     examples: Examples,

@@ -30,6 +30,7 @@ from interp.probes import REDUCERS
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, show_progress
 from interp.runtime.swap import WeightStash, is_block_weights, swapped
+from interp.validate import checked
 
 
 class _Stop(Exception):
@@ -155,6 +156,7 @@ def _reversal_batch(reference: Model, quantized: Mapping[str, Any], tokens: torc
     return {k: np.stack(v) for k, v in out.items()}, np.stack(abs_dims)
 
 
+@checked
 def reversal(
     reference: Model,
     quantized_models: Mapping[str, Any],

@@ -14,6 +14,7 @@ from interp.display import ResultDisplay
 from interp.errors import InterpError
 from interp.io import sanitize
 from interp.quant.analysis.common import ErrorsLike, error_series
+from interp.validate import checked
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class SplitResult(ResultDisplay):
             "mean_error_all": float(self.errors.mean()),
         })
 
+@checked
 def split_large_ctrl(errors: ErrorsLike, examples: Examples, top: float = 0.10, dedup: float = 0.1,
                      ngram: int = 5, ctrl_pool: float = 0.5, seed: int = 0) -> SplitResult:
     """Pick D_large and D_ctrl from per-example errors.

@@ -24,6 +24,7 @@ from torch import Tensor
 from interp.errors import NonFiniteError, SpecError
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
 from interp.typing import Weight
+from interp.validate import checked
 
 __all__ = ["MAX_ABS_WEIGHT", "LayerInputs", "MinMaxGrid", "grouped", "quantize_weight", "relative_error",
            "relative_output_error", "rtn_weights"]
@@ -89,6 +90,7 @@ class LayerInputs:
         return self.derived("abs_mean", lambda: self.X.abs().mean(0))
 
 
+@checked
 def quantize_weight(W: Weight, spec: str | MethodSpec,
                     calibration_inputs: Calibration | LayerInputs | None = None) -> Weight:
     """Fake-quantize one linear weight.
@@ -129,6 +131,7 @@ def quantize_weight(W: Weight, spec: str | MethodSpec,
     return dequantized.to(device=W.device, dtype=W.dtype)
 
 
+@checked
 def relative_error(W: Weight, W_hat: Weight) -> float:
     """``||W - W_hat||_F / ||W||_F``, computed in float32 (0.0 when both are zero).
 
@@ -142,6 +145,7 @@ def relative_error(W: Weight, W_hat: Weight) -> float:
     return _relative_norm(W.float() - W_hat.float(), W.float())
 
 
+@checked
 def relative_output_error(W: Weight, W_hat: Weight, X: Calibration) -> float:
     """``||X W^T - X W_hat^T||_F / ||X W^T||_F``: the layer's relative output error on X.
 
