@@ -22,6 +22,7 @@ import importlib.util
 import inspect
 import math
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -287,7 +288,9 @@ def non_finite(value: Any, depth: int = 0) -> str | None:
 def verdict(fn: Callable[..., Any], kwargs: dict[str, Any]) -> str | None:
     """None when the call raised an InterpError or returned a finite result; else what went wrong."""
     previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(CALL_TIMEOUT_S)
+    # the real-time timer is shared with pytest-timeout's signal method: its remaining time is put back after
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, CALL_TIMEOUT_S)
+    start = time.monotonic()
     try:
         result = fn(**kwargs)
         if inspect.isgenerator(result) or hasattr(result, "__enter__"):
@@ -301,8 +304,10 @@ def verdict(fn: Callable[..., Any], kwargs: dict[str, Any]) -> str | None:
     except Exception as exc:  # noqa: BLE001 - any other exception is the finding
         return f"{type(exc).__name__}: {str(exc)[:200]}"
     finally:
-        signal.alarm(0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 0.001))
     where = non_finite(result)
     return None if where is None else f"returned NaN/inf ({where})"
 
