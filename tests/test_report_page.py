@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 import pytest
 import scipy.stats as sps
 import torch
+from test_cli_lens import model_folder  # noqa: F401  (a fixture: a tiny random Llama folder)
 
 from interp.report import reproduction as rp
 from interp.report.context import ReportSettings, Stage, StageOutput
@@ -265,29 +266,22 @@ def test_lens_tuned_is_refused_before_a_model_loads_where_it_cannot_run(monkeypa
 
 
 @pytest.mark.slow
-def test_lens_cli_reads_a_tuned_lens_and_flags_the_uninformative_layers(tmp_path, monkeypatch, capsys, one_thread):
+def test_lens_cli_reads_a_tuned_lens_and_flags_the_uninformative_layers(
+        model_folder, tmp_path, monkeypatch, capsys, one_thread):  # noqa: F811
     """`interp lens --lens tuned` end to end on a tiny random Llama folder: the tuned lens is fitted once into
     the cache and reused by a rerun; the logit lens of a random model is no better than uniform somewhere,
     and the command says so and offers the tuned lens."""
     import json
 
-    import transformers as tf
-
     from interp.cli.main import main
-    from interp.models import TINY_VOCAB, tiny_tokenizer
+    from interp.models import TINY_VOCAB
 
     monkeypatch.setenv("INTERP_CACHE", str(tmp_path / "cache"))
-    torch.manual_seed(0)
-    config = tf.LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                            bos_token_id=256, eos_token_id=257, pad_token_id=258)
-    tf.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
-    tiny_tokenizer().save_pretrained(tmp_path / "model")
     docs = [f"Document {i}: " + " ".join(f"word{(i * 7 + j) % 23}" for j in range(12)) for i in range(200)]
     (tmp_path / "docs.txt").write_text("\n\n".join(docs) + "\n")
 
     def run(lens: str, out: str) -> tuple[dict, str]:
-        args = ["lens", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "docs.txt"), "--n", "10",
+        args = ["lens", "--model", str(model_folder / "model"), "--data", str(tmp_path / "docs.txt"), "--n", "10",
                 "--seq-len", "16", "--method", "rtn:bits=3,group=32", "--top", "0.2", "--calibration-n", "8",
                 "--experiments", "early-exit", "--lens", lens, "--out", str(tmp_path / out), "--quiet"]
         assert main(args) == 0
