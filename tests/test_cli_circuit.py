@@ -4,7 +4,9 @@ figures and one offline HTML page; bad input is one line and exit 2, before any 
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -41,7 +43,8 @@ def no_url_outside_plotly_js(page: str) -> list[str]:
 
 
 def test_a_pair_from_the_command_line_writes_the_page_tables_and_figures(model, tmp_path, capsys,
-                                                                         no_network):
+                                                                         no_network, monkeypatch):
+    monkeypatch.delenv("BROWSER_PATH", raising=False)  # PNG export (seconds of Chromium): the SmolLM2 test's
     out = tmp_path / "circuit"
     code = main(["circuit", "--model", model, "--clean", CLEAN, "--corrupt", CORRUPT, "--answer", "M",
                  "--wrong", "J", "--top", "3", "--movers", "1", "--out", str(out)])
@@ -136,6 +139,9 @@ def test_smollm2_on_an_ioi_pair(smol, tmp_path, monkeypatch, capsys, no_network)
     assert no_url_outside_plotly_js((out / "circuit.html").read_text(encoding="utf-8")) == []
     confirmed = pd.read_csv(out / "tables" / "confirmed.csv")
     assert bool(confirmed.loc[0, "agree"])
+    browser = os.environ.get("BROWSER_PATH", "")
+    if browser and Path(browser).exists():  # static figures beside the pages when a Chromium is named
+        assert all((out / "figures" / f"{n}.png").is_file() for n in ("dla_heads", "edges", "confirmed", "attention"))
     assert json.loads((out / "settings.json").read_text())["movers_found"] == ["head 23.3"]
     labels = pd.read_csv(out / "tables" / "attention.csv")["token"].tolist()
     assert labels.count(" John") == 2  # the repeated name: figures label it John·k (tests/test_circuit_api.py)

@@ -19,7 +19,7 @@ The logit difference ``logit(answer) - logit(wrong)`` is read at each prompt's l
 Each corrupted prompt must tokenize to as many tokens as its clean prompt (swap one
 single-token word: a name, a city).
 
-:func:`circuit` runs the three in the usual order on a prompt pair: DLA finds the heads that
+:func:`~interp.localize.circuit.circuit` runs the three in the usual order on a prompt pair: DLA finds the heads that
 write the answer, EAP scores every edge into the logits and into those heads' queries, keys and
 values, and path patching measures the top edges exactly (``interp circuit`` on the command line).
 
@@ -393,7 +393,8 @@ def path_patch(model: Model, clean: Prompts, corrupt: Prompts, answer: Answers, 
 
 @dataclass(frozen=True)
 class Circuit(ResultDisplay):
-    """DLA, EAP and the path-patching check of the top edges on clean/corrupted prompt pairs (:func:`circuit`).
+    """DLA, EAP and the path-patching check of the top edges on clean/corrupted prompt pairs
+    (:func:`~interp.localize.circuit.circuit`).
 
     Attributes:
         dla: direct logit attribution on the clean prompts.
@@ -438,11 +439,12 @@ def circuit(model: Model, clean: Prompts, corrupt: Prompts, answer: Answers, wro
             movers: int = 3, ig_steps: int = 1, batch_size: int = 8) -> Circuit:
     """DLA, then EAP, then path patching of EAP's ``top_k`` edges, on clean/corrupted prompt pairs.
 
-    1. :func:`dla` on the clean prompts; the ``movers`` heads with the largest mean direct
+    1. :func:`~interp.localize.circuit.dla` on the clean prompts; the ``movers`` heads with the largest mean direct
        contribution (towards the answer) become receivers;
-    2. :func:`eap` of every head and MLP into the logits and into the movers' queries, keys and
+    2. :func:`~interp.localize.circuit.eap` of every head and MLP into the logits and into the movers' queries, keys and
        values (their key/value heads under grouped-query attention);
-    3. :func:`path_patch` of the ``top_k`` edges with the largest ``|score|``, one receiver at a time.
+    3. :func:`~interp.localize.circuit.path_patch` of the ``top_k`` edges with the largest ``|score|``,
+       one receiver at a time.
 
     Args:
         model: a bridge from :func:`interp.load_model`.
@@ -454,7 +456,7 @@ def circuit(model: Model, clean: Prompts, corrupt: Prompts, answer: Answers, wro
         batch_size: prompts per forward.
 
     Returns:
-        A :class:`Circuit`.
+        A :class:`~interp.localize.circuit.Circuit`.
 
     Example:
         >>> import interp
