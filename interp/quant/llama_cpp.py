@@ -22,7 +22,7 @@ a baseline and write plans llama.cpp applies:
   tensor (``blk\\.3\\.ffn_down\\.weight=q6_k``), so each item matches exactly one tensor.
 
 Example:
-    >>> from interp.quant.prescribe import WeightShape
+    >>> from interp.quant.shapes import WeightShape
     >>> shapes = [WeightShape(0, "v", 192, 576), WeightShape(0, "down", 576, 1536)]
     >>> mix_types(shapes, "Q4_K_M", n_layers=1)  # layer 0 of 1 gets more bits
     {'0.v': 'q6_k', '0.down': 'q6_k'}
@@ -36,12 +36,9 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from interp.errors import SpecError
-
-if TYPE_CHECKING:
-    from interp.quant.prescribe import WeightShape
+from interp.quant.shapes import WeightShape
 
 __all__ = ["GGML_TYPES", "MIXES", "bits_per_weight", "fallback", "gguf_name", "mix_types", "read_tensor_types",
            "tensor_type_lines", "type_for_bits", "types_average_bits", "use_more_bits", "write_tensor_types"]

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from interp.errors import SpecError
+from interp.quant.shapes import WeightShape
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
 from interp.validate import checked
 
@@ -65,24 +66,6 @@ __all__ = ["Plan", "WeightShape", "average_bits", "choose_options", "fill", "gre
 
 PLAN_FILE = "plan.json"
 ROLE_ORDER = ("q", "k", "v", "o", "gate", "up", "down")
-
-
-@dataclass(frozen=True)
-class WeightShape:
-    """One block linear weight: its block, role and ``[d_out, d_in]`` shape."""
-
-    layer: int
-    role: str
-    d_out: int
-    d_in: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.layer}.{self.role}"
-
-    @property
-    def size(self) -> int:
-        return self.d_out * self.d_in
 
 
 def group_overhead_bits(spec: MethodSpec, bits: int) -> int:
