@@ -154,7 +154,8 @@ def test_bad_prompts_and_answers_are_refused_in_interps_words(model64):
         interp.eap(model64, CLEAN, CORRUPT[:1], "M", "J")
     with pytest.raises(DataError, match="clean prompt 0 is 18 tokens but its corrupted prompt 19"):
         interp.path_patch(model64, "When Mary went to", "When Maryx went to", "M", "J", "mlp 0")
-    with pytest.raises(InterpError, match="a string, a token id, or a list of them; got bool"):
+    # the argument checker refuses a bool by the annotation, before the circuit code reads it
+    with pytest.raises(InterpError, match=r"answer must be a string or an integer .*got True \(bool\)"):
         interp.dla(model64, CLEAN, True)
     with pytest.raises(DataError, match="vocabulary has ids"):
         interp.dla(model64, CLEAN, 10**6)
