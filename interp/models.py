@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from interp.validate import checked
+from interp.validate import NAMED, checked
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -586,6 +586,9 @@ def load_model(
     """
     torch_dtype = _check_dtype(dtype)
     placement = Placement.checked(device_map, max_memory, offload_folder, device)
+    if tokenizer is not None and not (callable(tokenizer) and hasattr(tokenizer, "decode")):
+        raise ModelLoadError("tokenizer must be a transformers tokenizer (such as AutoTokenizer.from_pretrained(...)),"
+                             f" got {type(tokenizer).__name__}.")
     if not isinstance(name_or_path, (str, os.PathLike)):
         # a bitsandbytes model keeps its own layers: checkpoint_info says so
         return describe_in_memory(_from_memory(name_or_path, tokenizer, name, torch_dtype, device, placement))
@@ -760,7 +763,14 @@ def _offloaded_value(hf_model: Any, name: str) -> torch.Tensor:
     return hook.weights_map[attr]
 
 
-@checked
+def _model_or_its_identity(value: Any, name: str, arguments: dict[str, Any]) -> None:
+    """A model, or what stands for one where only its identity is read: an object whose ``info`` holds the
+    source file's hash (the command line's stand-in for a quantized copy it has not loaded)."""
+    if not getattr(getattr(value, "info", None), "source_hash", ""):
+        NAMED["model"](value, name, arguments)
+
+
+@checked(model=_model_or_its_identity)
 def model_hash(model: Any) -> str:
     """A short identity for a model's weights.
 

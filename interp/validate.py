@@ -13,7 +13,7 @@ import numbers
 from collections.abc import Iterable
 from typing import Any
 
-from interp.errors import ComponentError, DataError, InterpError, NonFiniteError, SpecError
+from interp.errors import ComponentError, DataError, InterpError, ModelLoadError, NonFiniteError, SpecError
 
 
 def is_integer(value: Any) -> bool:
@@ -38,7 +38,7 @@ def integer(value: Any, name: str, minimum: int | None = None, error: type[Inter
         interp.errors.InterpError: n must be an integer, got True (bool). Pass a whole number such as 8.
     """
     if not is_integer(value):
-        raise error(f"{name} must be an integer, got {value!r} ({type(value).__name__}). "
+        raise error(f"{name} must be an integer, got {_shown(value)} ({type(value).__name__}). "
                     "Pass a whole number such as 8.")
     number = int(value)
     if minimum is not None and number < minimum:
@@ -135,7 +135,7 @@ def names(value: Any, what: str, valid: Iterable[str] | None = None, error: type
         raise error(f"{what} is empty: give at least one,{example}{listed}")
     for name in out:
         if not isinstance(name, str):
-            raise error(f"{what} must hold names (strings), got {name!r} ({type(name).__name__}).{listed}")
+            raise error(f"{what} must hold names (strings), got {_shown(name)} ({type(name).__name__}).{listed}")
         if choices is not None and name not in choices:
             raise error(f"Unknown {what[:-1] if what.endswith('s') else what} {name!r}.{listed}")
     return out
@@ -202,7 +202,7 @@ def finite_number(value: Any, name: str, low: float | None = None, high: float |
         interp.errors.InterpError: alpha must be a finite number, got nan.
     """
     if not _is_real(value):
-        raise InterpError(f"{name} must be a number, got {value!r} ({_kind(value)}).")
+        raise InterpError(f"{name} must be a number, got {_shown(value)} ({_kind(value)}).")
     number = float(value)
     if not math.isfinite(number):
         raise InterpError(f"{name} must be a finite number, got {number}.")
@@ -271,7 +271,7 @@ def indices(values: Any, name: str, size: int | None, what: str, negative: bool 
     elif _is_tensor(values) and getattr(values, "ndim", 0) == 1:
         values = values.tolist()
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable) or isinstance(values, dict):
-        raise error(f"{name} must be a list of integer indices such as [0, 1], got {values!r} ({_kind(values)}).")
+        raise error(f"{name} must be a list of integer indices such as [0, 1], got {_shown(values)} ({_kind(values)}).")
     out = list(values)
     if not out:
         raise error(f"{name} is empty; give at least one index.")
@@ -291,7 +291,8 @@ def device(value: Any, name: str = "device") -> str:
     if _kind(value) == "device":
         value = str(value)
     if not isinstance(value, str):
-        raise InterpError(f"{name} must be a device name such as 'cpu' or 'cuda', got {value!r} ({_kind(value)}).")
+        raise InterpError(f"{name} must be a device name such as 'cpu' or 'cuda', "
+                          f"got {_shown(value)} ({_kind(value)}).")
     import torch
 
     try:
@@ -451,8 +452,11 @@ weight.always = True  # type: ignore[attr-defined]
 
 
 def model_or_weights(value: Any, name: str, arguments: dict[str, Any]) -> None:
-    """A model, or the mapping of block weights that stands for one (interp.patch's ``target``)."""
-    if not isinstance(value, Mapping):
+    """A model, or the block weights that stand for one (interp.patch's ``target``): a mapping, or a
+    :class:`~interp.runtime.swap.BlockWeights` source such as :class:`~interp.quant.inplace.SavedWeights`
+    (told apart from a model as :func:`~interp.runtime.swap.is_block_weights` does)."""
+    block_source = hasattr(value, "block") and not hasattr(value, "original_model")
+    if not isinstance(value, Mapping) and not block_source:
         _module(value, name, arguments)
 
 
@@ -460,6 +464,7 @@ _ERRORS: dict[str, type[InterpError]] = {
     **dict.fromkeys(("spec", "specs", "method"), SpecError),
     **dict.fromkeys(("source", "texts", "ids", "examples", "n", "seq_len", "max_len", "seed", "tokens"), DataError),
     **dict.fromkeys(("layers", "layer", "heads", "head", "components", "component", "reducers"), ComponentError),
+    **dict.fromkeys(("device_map", "max_memory", "offload_folder", "tokenizer"), ModelLoadError),
 }
 """The error a wrongly typed argument raises, by parameter name (InterpError for the rest)."""
 _HEADS = _indexed(lambda a: _cfg(a, "n_heads"), "heads", many=True)
@@ -561,9 +566,18 @@ def _type_check(member: Any) -> Callable[[Any], bool] | None:
     if origin in _CONTAINERS:  # dict[str, Any], os.PathLike[str], Sequence[Patch]
         plain_item = args and isinstance(args[0], type) and typing.get_origin(args[0]) is None
         item = _type_check(args[0]) if plain_item and origin in (list, Sequence, Iterable) else None
-        return lambda v: isinstance(v, origin) and not isinstance(v, (str, bytes)) and (
+        fits = _sequence_like if origin is Sequence else (lambda v: isinstance(v, origin))
+        return lambda v: fits(v) and not isinstance(v, (str, bytes)) and (
             item is None or all(item(x) for x in v))
     return None
+
+
+def _sequence_like(value: Any) -> bool:
+    """A Sequence, or a one-dimensional array a user holds in its place (a pandas Series or Index, a numpy array:
+    e.g. ``edges.top(3)["sender"]``)."""
+    if isinstance(value, Sequence):
+        return True
+    return type(value).__name__ in ("Series", "Index", "ndarray") and getattr(value, "ndim", 0) == 1
 
 
 class _Parameter:
@@ -645,7 +659,10 @@ class _Parameter:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
+    """``repr(value)`` on one line and at most 60 characters (a tensor's repr spans lines)."""
+    if _is_tensor(value) and getattr(value, "ndim", 0) > 0:
+        return f"a tensor of shape {list(value.shape)}"
+    text = " ".join(repr(value).split())
     return text if len(text) <= 60 else text[:57] + "..."
 
 

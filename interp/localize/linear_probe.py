@@ -203,6 +203,17 @@ def linear_probe(
 
     Returns:
         A :class:`LinearProbeResult`.
+
+    Example:
+        >>> import interp
+        >>> model = interp.tiny_model("llama")
+        >>> prompts = [f"{word} {end}" for word in ("red", "blue", "green", "gold") for end in ("cat", "dog")] * 2
+        >>> labels = [p.endswith("cat") for p in prompts]
+        >>> result = interp.linear_probe(model, prompts, labels, layers=[0, 1])
+        >>> result.n_train, result.n_test, result.layers
+        (12, 4, [0, 1])
+        >>> list(result.table().columns)
+        ['layer', 'accuracy', 'control accuracy', 'selectivity', 'train accuracy', 'majority']
     """
     if component == "pattern" or component not in hk.COMPONENTS:
         raise ComponentError(f"Cannot probe {component!r}: use a component of [batch, pos, ...] shape such as "
