@@ -73,8 +73,8 @@ def _shown(given: str | os.PathLike[str], real: Path) -> str:
 
 
 def check_output_folder(path: str | os.PathLike[str]) -> Path:
-    """The resolved ``path``, or a :class:`ResourceError` when it is the root, the home folder, the working
-    folder or one of its ancestors (after symlinks are resolved), or an existing file."""
+    """The resolved ``path``, or a :class:`~interp.errors.ResourceError` when it is the root, the home folder, the
+    working folder or one of its ancestors (after symlinks are resolved), or an existing file."""
     real = resolve(path)
     cwd = resolve(os.getcwd())
     home = os.environ.get("HOME")
@@ -96,7 +96,7 @@ def check_output_folder(path: str | os.PathLike[str]) -> Path:
 
 
 def fs_error(exc: OSError, path: str | os.PathLike[str]) -> ResourceError:
-    """One clear :class:`ResourceError` for a write that failed with ``exc`` on ``path``."""
+    """One clear :class:`~interp.errors.ResourceError` for a write that failed with ``exc`` on ``path``."""
     code = exc.errno
     if code in (errno.ENOSPC, errno.EDQUOT):
         why = "the disk is full (or the quota is used up). Free some space and rerun: finished work is kept"
@@ -204,7 +204,7 @@ def write_file(path: str | os.PathLike[str], produce: Callable[[Path], None]) ->
 
     ``path`` is resolved first (a symlink's target is written, the link is left as it is). On any
     failure the temporary sibling is removed and ``path`` is as it was; a full disk, a read-only file
-    system or a permission error is a :class:`ResourceError` naming ``path``.
+    system or a permission error is a :class:`~interp.errors.ResourceError` naming ``path``.
     """
     target = resolve(path)
     if target.is_dir():
@@ -353,7 +353,7 @@ def claim_folder(path: str | os.PathLike[str], kind: str, adopt: Adopt | None = 
 
     A new or empty folder gets the marker; an earlier ``kind`` output is reused as it is. The root,
     the home folder, the working folder and its ancestors, a file, another kind of interp output and
-    any non-empty folder without the marker are refused with a :class:`ResourceError`.
+    any non-empty folder without the marker are refused with a :class:`~interp.errors.ResourceError`.
     """
     real = check_output_folder(path)
     marker = _owned(real, _shown(path, real), kind, adopt)

@@ -896,8 +896,8 @@ CLI = [
     Line("cli text", "probe --data {d}/control.txt", work=True),
     Line("cli text", "probe --data {d}/excel.csv", work=True),
     # -- the score store
-    Line("cli store", "score --out {d}/dirstore", "score store"),
-    Line("cli store", "score --out {d}/junkstore", "score store"),
+    Line("cli store", "score --out {d}/dirstore", "not an interp 'score' output"),
+    Line("cli store", "score --out {d}/junkstore", "not an interp 'score' output"),
     Line("cli store", "score --out {d}/afile", "afile"),
     Line("cli store", "errors --scores {d}/dirstore", "interp score"),
     # -- the cache and HOME

@@ -261,7 +261,7 @@ def ablate(
         batch_size: prompts per forward.
 
     Returns:
-        An :class:`AblationResult`.
+        An :class:`~interp.localize.ablation.AblationResult`.
 
     Example:
         >>> import interp

@@ -114,7 +114,7 @@ def patch_heatmap(
         progress: show a progress bar.
 
     Returns:
-        A :class:`PatchHeatmap`; ``interp.figures.draw(result)`` draws it with token labels.
+        A :class:`~interp.localize.heatmaps.PatchHeatmap`; ``interp.figures.draw(result)`` draws it with token labels.
 
     Example:
         >>> import interp

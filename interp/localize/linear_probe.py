@@ -202,7 +202,7 @@ def linear_probe(
         batch_size: prompts per forward.
 
     Returns:
-        A :class:`LinearProbeResult`.
+        A :class:`~interp.localize.linear_probe.LinearProbeResult`.
 
     Example:
         >>> import interp

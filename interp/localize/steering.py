@@ -149,7 +149,7 @@ def steer(
         use_cache: use the KV cache (the logits are the same without it, to rounding).
 
     Returns:
-        A :class:`SteeringResult`.
+        A :class:`~interp.localize.steering.SteeringResult`.
 
     Example:
         >>> import interp, torch

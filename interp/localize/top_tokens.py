@@ -94,7 +94,7 @@ def lens_top_tokens(
         layers: the layers decoded (default: all; a tuned lens decodes the layers it was fitted on).
 
     Returns:
-        A :class:`TopTokens`; ``interp.figures.draw(result)`` draws the top token per cell.
+        A :class:`~interp.localize.top_tokens.TopTokens`; ``interp.figures.draw(result)`` draws the top token per cell.
 
     Example:
         >>> import interp

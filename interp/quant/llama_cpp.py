@@ -111,7 +111,7 @@ def mix_types(shapes: Sequence[WeightShape], mix: str, n_layers: int | None = No
 
     ``n_layers`` defaults to one more than the largest layer in ``shapes``. The output and tied
     embedding (Q6_K, or Q8_0 where the width forbids it) are not block linear weights: see
-    :func:`embedding_type`.
+    ``embedding_type``.
     """
     if mix not in MIXES:
         raise SpecError(f"unknown llama.cpp mix {mix!r}; use one of {', '.join(MIXES)}")

@@ -29,7 +29,7 @@ def report(out: str | Path, quick: bool = False, progress: bool | None = None, s
 
     Args:
         out: output folder (``index.html``, tables, figures, ``results.json``).
-        quick: the fast smoke settings (:meth:`ReportSettings.quick`).
+        quick: the fast smoke settings (``ReportSettings.quick()``).
         progress, static: as for :func:`run_report`.
         **settings: any :class:`ReportSettings` field, e.g. ``model="gemma3-270m"``, ``n=64``.
 

@@ -94,7 +94,7 @@ def _judging_functions() -> list[Callable[..., Any]]:
 
 def criteria_fingerprint() -> str:
     """SHA-256 of the rules: every claim's statistic and criterion text, the rule constants (levels,
-    thresholds), and the source code of the rules and of the statistics they read (:func:`_judging_functions`).
+    thresholds), and the source code of the rules and of the statistics they read (``_judging_functions``).
 
     Any change to how a claim is measured or judged changes this value, so a pre-registration pins the
     behaviour, not only its description; :func:`run` and :func:`analyse` refuse a registration it does not match.

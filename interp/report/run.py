@@ -104,7 +104,7 @@ def smoke_reason(settings: ReportSettings) -> str:
 
 
 def is_smoke(settings: ReportSettings) -> bool:
-    """Whether ``settings`` are the quick ones (``ReportSettings.quick()``'s sizes): a smoke run."""
+    """Whether ``settings`` are the quick ones (the sizes of its quick constructor): a smoke run."""
     quick = ReportSettings.quick()
     sizes = ("n", "seq_len", "calibration_n", "attention_n", "methods")
     return all(getattr(settings, f) == getattr(quick, f) for f in sizes)
