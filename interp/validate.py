@@ -43,6 +43,8 @@ def integer(value: Any, name: str, minimum: int | None = None, error: type[Inter
     number = int(value)
     if minimum is not None and number < minimum:
         raise error(f"{name} must be at least {minimum}, got {number}.")
+    if abs(number) >= 2**63:  # torch and numpy hold 64-bit integers: beyond them it is an OverflowError
+        raise error(f"{name} must fit in 64 bits, got {number:.3g}.")
     return number
 
 
@@ -225,10 +227,9 @@ def seed(value: Any, name: str = "seed", error: type[InterpError] = DataError) -
         ...
         interp.errors.DataError: seed must lie in [0, 2**63), got 18446744073709551616. Pass a smaller seed such as 0.
     """
-    number = integer(value, name, error=error)
-    if not 0 <= number < SEED_LIMIT:
-        raise error(f"{name} must lie in [0, 2**63), got {number}. Pass a smaller seed such as 0.")
-    return number
+    if is_integer(value) and not 0 <= int(value) < SEED_LIMIT:  # before integer(), whose 64-bit message is vaguer
+        raise error(f"{name} must lie in [0, 2**63), got {int(value)}. Pass a smaller seed such as 0.")
+    return integer(value, name, error=error)
 
 
 def index(value: Any, name: str, size: int, what: str, negative: bool = False,
@@ -357,9 +358,12 @@ def _rows(arguments: dict[str, Any]) -> int | None:
 Rule = Callable[[Any, str, dict[str, Any]], None]
 
 
-def _count(minimum: int = 1, error: type[InterpError] = InterpError) -> Rule:
+def _count(minimum: int = 1, error: type[InterpError] = InterpError, maximum: tuple[int, str] | None = None) -> Rule:
+    """An integer count of at least ``minimum`` and, with ``maximum = (ceiling, why)``, at most ``ceiling``."""
     def rule(value: Any, name: str, arguments: dict[str, Any]) -> None:
-        integer(value, name, minimum=minimum, error=error)
+        number = integer(value, name, minimum=minimum, error=error)
+        if maximum is not None and number > maximum[0]:
+            raise error(f"{name} must be at most {maximum[0]:,} ({maximum[1]}), got {number:,}.")
     return rule
 
 
@@ -451,6 +455,27 @@ def weight(value: Any, name: str, arguments: dict[str, Any]) -> None:
 weight.always = True  # type: ignore[attr-defined]
 
 
+def _like_weight(value: Any, name: str, arguments: dict[str, Any]) -> None:
+    """A weight compared with ``W``: its shape, and finite (an error measure of inf or NaN says nothing)."""
+    W = arguments.get("W")
+    if _is_tensor(W) and tuple(value.shape) != tuple(W.shape):
+        raise SpecError(f"{name} must have W's shape {tuple(W.shape)}, got {tuple(value.shape)}.")
+    if not bool(value.isfinite().all()):
+        raise NonFiniteError(f"{name} holds NaN or inf values.")
+
+
+def _inputs_of_weight(value: Any, name: str, arguments: dict[str, Any]) -> None:
+    """Calibration inputs ``[n, d_in]`` for ``W [d_out, d_in]``: float, finite, with W's input width."""
+    if not (_is_tensor(value) and value.is_floating_point() and value.ndim == 2):
+        shape = f"shape {tuple(value.shape)}, {value.dtype}" if _is_tensor(value) else _kind(value)
+        raise DataError(f"{name} must be 2-D float inputs [n, d_in], got {shape}.")
+    W = arguments.get("W")
+    if _is_tensor(W) and W.ndim == 2 and value.shape[1] != W.shape[1]:
+        raise DataError(f"{name} has {value.shape[1]} columns but W takes inputs of width {W.shape[1]}.")
+    if not bool(value.isfinite().all()):
+        raise NonFiniteError(f"{name} holds NaN or inf values.")
+
+
 def model_or_weights(value: Any, name: str, arguments: dict[str, Any]) -> None:
     """A model, or the block weights that stand for one (interp.patch's ``target``): a mapping, or a
     :class:`~interp.runtime.swap.BlockWeights` source such as :class:`~interp.quant.inplace.SavedWeights`
@@ -472,8 +497,15 @@ _POSITIONS = _indexed(_positions, "positions", many=True, negative=True, error=D
 
 NAMED: dict[str, Rule] = {
     "seed": lambda value, name, arguments: None if value is None else seed(value, name) and None,
-    **{name: _count() for name in ("batch_size", "n_boot", "n_outliers", "max_rows", "max_logits", "hops",
-                                  "chunk", "group", "ngram", "n_layers", "n_queries", "n_keys", "top_k", "k")},
+    **{name: _count() for name in ("batch_size", "n_boot", "n_outliers", "max_rows", "max_logits",
+                                  "chunk", "group", "ngram", "top_k", "k")},
+    # counts that set the work or the memory and have no use beyond a ceiling: refused there, not run for hours
+    "hops": _count(maximum=(1_000, "a walk of more hops than a context has tokens adds nothing a user can read")),
+    "ig_steps": _count(maximum=(10_000, "integrated gradients converges within a few hundred steps")),
+    "n_layers": _count(maximum=(1_024, "a tiny test model; load a real one with interp.load_model")),
+    "max_new_tokens": _count(maximum=(1 << 16, "longer than the context of any model here")),
+    **{name: _count(maximum=(1 << 20, "a million tokens, more than any model here attends over"))
+       for name in ("n_queries", "n_keys")},
     **{name: _count(error=DataError) for name in ("sensitivity_n", "sensitivity_seq_len")},
     "sink": _count(0),
     "min_keys": _count(1),
@@ -485,7 +517,9 @@ NAMED: dict[str, Rule] = {
     "reference": _module,
     "dim": _dim,
     "W": weight,
-    "W_hat": weight,
+    "W_hat": lambda value, name, arguments: (weight(value, name, arguments), _like_weight(value, name, arguments))
+    and None,
+    "X": lambda value, name, arguments: _inputs_of_weight(value, name, arguments),
     "probe_result": _has("stats", "a ProbeResult from interp.probe"),
     "layers": _layers,
     "layer": _indexed(lambda a: _cfg(a, "n_layers"), "layers", many=False, negative=True),
@@ -563,9 +597,16 @@ def _type_check(member: Any) -> Callable[[Any], bool] | None:
         return (lambda v: isinstance(v, member)) if getattr(member, "_is_runtime_protocol", False) else None
     if isinstance(member, type) and origin is None:
         return lambda v: isinstance(v, member)  # a class such as Examples or pd.DataFrame
+    if fixed_tuple and args:  # tuple[str, Callable]: that many items, each of its type
+        items = [_type_check(a) for a in args]
+        return lambda v: isinstance(v, tuple) and len(v) == len(items) and all(
+            test is None or test(x) for test, x in zip(items, v, strict=True))
+    if origin is Callable:
+        return callable
     if origin in _CONTAINERS:  # dict[str, Any], os.PathLike[str], Sequence[Patch]
         plain_item = args and isinstance(args[0], type) and typing.get_origin(args[0]) is None
-        item = _type_check(args[0]) if plain_item and origin in (list, Sequence, Iterable) else None
+        pair_item = args and typing.get_origin(args[0]) is tuple  # Sequence[tuple[str, Callable]]
+        item = _type_check(args[0]) if (plain_item or pair_item) and origin in (list, Sequence, Iterable) else None
         fits = _sequence_like if origin is Sequence else (lambda v: isinstance(v, origin))
         return lambda v: fits(v) and not isinstance(v, (str, bytes)) and (
             item is None or all(item(x) for x in v))
