@@ -266,6 +266,18 @@ def test_every_claim_says_its_criterion_and_missing_stage_is_not_testable() -> N
         rp.judge("no_such_claim", None)
 
 
+@pytest.mark.parametrize("key", [k for k in CASES if k in rp.CLAIMS])
+def test_a_notebooks_sentence_says_what_the_reports_table_says(key: str) -> None:
+    """comparison() (the sentence notebooks 04 and 05 print) carries the reproduction table's verdict, reason and
+    measurement for every outcome of every claim."""
+    for measurement, _ in CASES[key]:
+        m = rp.Measurement(measurement.estimates, measurement.text or "the measured text", measurement.untestable)
+        row = rp.reproduction_frame({key: m}, [key]).iloc[0]
+        sentence = rp.comparison(key, m)
+        assert f": {row['verdict']} ({row['why']})." in sentence
+        assert rp.CLAIMS[key].paper_value in sentence and m.text in sentence
+
+
 def test_measurement_round_trips_through_json() -> None:
     import json
 

@@ -682,6 +682,25 @@ def judge(key: str, measurement: Measurement | None) -> Judgement:
     return judgement
 
 
+def comparison(key: str, measurement: Measurement | None) -> str:
+    """One sentence comparing this run's ``measurement`` with the paper, by claim ``key``'s pre-registered rule.
+
+    The same :func:`judge` the report's reproduction table applies, so a notebook and the report say the same
+    thing about the same numbers (the verdict, and why).
+
+    Example:
+        >>> from interp.stats import Estimate
+        >>> m = Measurement({"pearson": Estimate(0.9, 0.85, 0.94, 48)}, "0.90 [0.85, 0.94] over 3 pairs")
+        >>> print(comparison("agreement", m))  # doctest: +ELLIPSIS
+        Quantization errors (arXiv 2506.12044) found that ...; here 0.90 [0.85, 0.94] over 3 pairs: as strong as ...
+    """
+    c = CLAIMS[key]
+    j = judge(key, measurement)
+    measured = measurement.text if measurement is not None and measurement.text else "nothing measured"
+    return f"{c.paper} found that {c.claim[:1].lower()}{c.claim[1:]} ({c.paper_value}); here {measured}: " \
+           f"{j.verdict} ({j.reason})."
+
+
 COLUMNS = ["paper", "claim", "paper value", "statistic", "criterion", "measured here", "verdict", "why"]
 
 

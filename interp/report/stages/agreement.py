@@ -32,16 +32,42 @@ def _token_errors(ctx: ReportContext, errors: pd.DataFrame) -> dict[str, np.ndar
     return None if any(not np.isfinite(v).all() for v in out.values()) else out
 
 
+PAPER_PAIRS = "paper pairs (3- and 4-bit)"
+
+
+def paper_agreement(errors: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0
+                    ) -> tuple[dict[str, list[tuple[str, str]]], dict[str, dict[str, Any]]]:
+    """The paper's pair rule on ``errors`` (examples x specs): the pairs of each group (all paper pairs, 3-bit,
+    4-bit) and, for each group with pairs, :func:`~interp.quant.protocol.pair_agreement`'s estimates."""
+    specs = list(errors.columns)
+    groups = {PAPER_PAIRS: pr.paper_pairs(specs), "3-bit pairs": pr.paper_pairs(specs, bits=3),
+              "4-bit pairs (re-gridding)": pr.paper_pairs(specs, bits=4)}
+    lines = {name: pr.pair_agreement(errors, pairs, n_boot=n_boot, seed=seed) for name, pairs in groups.items()
+             if pairs}
+    return groups, lines
+
+
+def agreement_claims(groups: dict[str, list[tuple[str, str]]], lines: dict[str, dict[str, Any]]
+                     ) -> dict[str, Measurement]:
+    """The agreement and top-10% Jaccard measurements of :func:`paper_agreement`'s result, as the report and
+    notebook 04 judge them (:func:`interp.report.reproduction.comparison`)."""
+    paper = lines.get(PAPER_PAIRS)
+    if paper is None:
+        return {"agreement": Measurement(untestable="fewer than two specs that the paper's pair rule can pair")}
+    beside = "; ".join(f"{name}: {v['pearson'].text()}" for name, v in lines.items() if name != PAPER_PAIRS)
+    return {"agreement": Measurement({"pearson": paper["pearson"]},
+                                     f"{paper['pearson'].text()} over {len(groups[PAPER_PAIRS])} pairs"
+                                     + (f" ({beside})" if beside else "")),
+            "jaccard_top10": Measurement({"jaccard": paper["jaccard"], "chance": paper["chance"]},
+                                         f"{paper['jaccard'].text()} (chance {paper['chance'].value:.3f})")}
+
+
 def stage_agreement(ctx: ReportContext) -> StageOutput:
     errors = method_errors(ctx)
     ctx.main_only()
     seed = ctx.settings.seed
     result = agreement(errors, n_boot=500, seed=seed)
-    specs = list(errors.columns)
-    groups = {"paper pairs (3- and 4-bit)": pr.paper_pairs(specs), "3-bit pairs": pr.paper_pairs(specs, bits=3),
-              "4-bit pairs (re-gridding)": pr.paper_pairs(specs, bits=4)}
-    lines = {name: pr.pair_agreement(errors, pairs, n_boot=N_BOOT, seed=seed) for name, pairs in groups.items()
-             if pairs}
+    groups, lines = paper_agreement(errors, n_boot=N_BOOT, seed=seed)
     table = pd.DataFrame([{
         "pairs": name, "n pairs": len(groups[name]),
         "mean Pearson": v["pearson"].value, "Pearson low": v["pearson"].low, "Pearson high": v["pearson"].high,
@@ -50,28 +76,18 @@ def stage_agreement(ctx: ReportContext) -> StageOutput:
     } for name, v in lines.items()])
     out = StageOutput(tables={"paper_protocol": table, "pairs": result.to_frame()},
                       figures={"agreement": figures.draw(result)})
-    paper = lines.get("paper pairs (3- and 4-bit)")
-    claims: dict[str, Measurement] = {}
-    if paper is None:
-        claims["agreement"] = Measurement(untestable="fewer than two specs that the paper's pair rule can pair")
-    else:
-        beside = "; ".join(f"{name}: {v['pearson'].text()}" for name, v in lines.items() if name != next(iter(lines)))
-        claims["agreement"] = Measurement({"pearson": paper["pearson"]},
-                                          f"{paper['pearson'].text()} over {len(groups[next(iter(lines))])} pairs"
-                                          + (f" ({beside})" if beside else ""))
-        claims["jaccard_top10"] = Measurement(
-            {"jaccard": paper["jaccard"], "chance": paper["chance"]},
-            f"{paper['jaccard'].text()} (chance {paper['chance'].value:.3f})")
+    paper = lines.get(PAPER_PAIRS)
+    claims = agreement_claims(groups, lines)
     token_errors = _token_errors(ctx, errors)
     if token_errors is None or paper is None:
         claims["agreement_disattenuated"] = Measurement(
             untestable="no per-token NLL in this store (scored by an older interp); rerun scoring into a new --out")
     else:
-        ceiling = pr.noise_ceiling(token_errors, groups["paper pairs (3- and 4-bit)"], n_boot=N_BOOT, seed=seed)
+        ceiling = pr.noise_ceiling(token_errors, groups[PAPER_PAIRS], n_boot=N_BOOT, seed=seed)
         out.tables["reliability"] = ceiling.reliability
         out.tables["disattenuated_pairs"] = ceiling.pairs
         out.figures["reliability"] = _reliability_figure(ceiling)
-        by_group = {name: ceiling if name == "paper pairs (3- and 4-bit)" else
+        by_group = {name: ceiling if name == PAPER_PAIRS else
                     pr.noise_ceiling({s: token_errors[s] for s in sorted({x for p in pairs for x in p})}, pairs,
                                      n_boot=N_BOOT, seed=seed)
                     for name, pairs in groups.items() if pairs}
@@ -80,7 +96,7 @@ def stage_agreement(ctx: ReportContext) -> StageOutput:
         table["disattenuated high"] = [by_group[n].mean_disattenuated.high for n in table["pairs"]]
         rel = ceiling.reliability["r_half"]
         beside = "; ".join(f"{name}: {c.mean_disattenuated.text()}" for name, c in by_group.items()
-                           if name != "paper pairs (3- and 4-bit)")
+                           if name != PAPER_PAIRS)
         above_one = int((ceiling.pairs["disattenuated"] > 1).sum())
         undefined = f"; {ceiling.invalid_pairs} pair(s) without a valid ceiling" if ceiling.invalid_pairs else ""
         claims["agreement_disattenuated"] = Measurement(

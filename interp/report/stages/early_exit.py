@@ -27,8 +27,10 @@ from interp.report.stages.common import (
 from interp.runtime.swap import swapped
 
 
-def _lens_measurement(curves: Any, n_layers: int, vocab: int, seed: int, lens: str) -> tuple[Measurement, dict]:
-    """The early-exit claim's measurement under one lens: split share over the informative layers."""
+def lens_measurement(curves: Any, n_layers: int, vocab: int, seed: int, lens: str) -> tuple[Measurement, dict]:
+    """The early-exit claim's measurement under one lens: split share over the informative layers (and what the
+    report records of it). ``curves`` is :func:`~interp.localize.lens.early_exit_curves`' result with models
+    ``reference`` and ``quantized`` and the set ``D_large``; notebook 05 judges it the report's way with it."""
 
     ref = curves.results["reference / D_large"]
     quant = curves.results["quantized / D_large"]
@@ -68,7 +70,7 @@ def stage_early_exit(ctx: ReportContext) -> StageOutput:
     n_layers = ctx.model.info.n_layers
     vocab = int(ctx.model.cfg.d_vocab)
     seed = ctx.settings.seed
-    m_logit, info_logit = _lens_measurement(logit, n_layers, vocab, seed, "logit")
+    m_logit, info_logit = lens_measurement(logit, n_layers, vocab, seed, "logit")
     table = logit.table().add_prefix("logit lens: ")
     figs = {"early_exit_logit": draw(logit)}
     tables: dict[str, pd.DataFrame] = {}
@@ -83,7 +85,7 @@ def stage_early_exit(ctx: ReportContext) -> StageOutput:
             results.update({f"quantized / {s}": tuned_early_exit(ctx.model, lens, ex, batch_size=bs)
                             for s, ex in sets.items()})
         tuned = EarlyExitCurves(results=results, models=["reference", "quantized"], sets=list(sets))
-        m_tuned, info_tuned = _lens_measurement(tuned, n_layers, vocab, seed, "tuned")
+        m_tuned, info_tuned = lens_measurement(tuned, n_layers, vocab, seed, "tuned")
         table = table.join(tuned.table().add_prefix("tuned lens: "))
         figs["early_exit_tuned"] = draw(tuned)
         tables["tuned_lens_fit"] = pd.DataFrame({"layer": lens.layers, "r2": lens.settings["r2_by_layer"]})
