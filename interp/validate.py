@@ -585,11 +585,12 @@ def _type_check(member: Any) -> Callable[[Any], bool] | None:
     fixed_tuple = origin is tuple and args[1:] != (Ellipsis,)  # tuple[str, Callable]: not a list of names
     if origin in (list, tuple, Sequence, Iterable) and args and args[0] is int and not fixed_tuple:
         return lambda v: (not isinstance(v, (str, bytes, dict)) and isinstance(v, Iterable)
-                          and all(is_integer(x) for x in v))
+                          and getattr(v, "ndim", 1) <= 1 and all(is_integer(x) for x in v))
     if origin in (list, tuple, Sequence, Iterable) and args and args[0] is str and not fixed_tuple:
         # one name counts as a list of one
+        # a table iterates over its column names: not a list of names (ndim 2)
         return lambda v: isinstance(v, str) or (not isinstance(v, (bytes, dict)) and isinstance(v, Iterable)
-                                                and all(isinstance(x, str) for x in v))
+                                                and getattr(v, "ndim", 1) <= 1 and all(isinstance(x, str) for x in v))
     if getattr(member, "__module__", "").startswith("jaxtyping") or (
             isinstance(member, type) and member.__name__ == "Tensor" and member.__module__.startswith("torch")):
         return _is_tensor
