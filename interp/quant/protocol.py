@@ -91,7 +91,10 @@ def paper_pairs(specs: Sequence[str], bits: int | None = None) -> list[tuple[str
 
 
 def _pair_r(data: np.ndarray, pairs_idx: list[tuple[int, int]]) -> float:
-    r = np.corrcoef(data, rowvar=False)
+    # a resample whose errors are constant for a method has no correlation: NaN, which the interval leaves out
+    # (numpy would also print a RuntimeWarning per such resample into a notebook)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.corrcoef(data, rowvar=False)
     return float(np.mean([r[i, j] for i, j in pairs_idx]))
 
 
