@@ -26,9 +26,10 @@ _MASKS = [
     # where the code lives, as a warning prints it: /work/main/interp/stats.py:172 -> <repo>/interp/stats.py:<line>
     # (first: a checkout under the temporary folder, /tmp/ci/interp/..., is still the repository)
     (re.compile(r"(?:/[^\s/:'\"]+)+/(?=(?:interp|tests|notebooks)/)"), "<repo>/"),
+    # installed packages, before temporary folders: a venv under /tmp (/tmp/ci/.venv/...) is still site-packages
+    (re.compile(r"(?:/[^\s/:'\"]+)+/site-packages/"), "<site-packages>/"),
     # temporary folders (tempfile.mkdtemp names are random): /tmp/interp-byom-5ou8y9t2 -> <tmp>
     (re.compile(rf"(?:{_TMP})/[^\s'\",)\]}}]+"), "<tmp>"),
-    (re.compile(r"(?:/[^\s/:'\"]+)+/site-packages/"), "<site-packages>/"),
     (re.compile(r"\.py:\d+"), ".py:<line>"),
     # timestamps: 2025-11-30 21:32:05.123, 21:32:05
     (re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?"), "<time>"),
