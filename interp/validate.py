@@ -476,12 +476,16 @@ def _inputs_of_weight(value: Any, name: str, arguments: dict[str, Any]) -> None:
         raise NonFiniteError(f"{name} holds NaN or inf values.")
 
 
+def is_block_weights(obj: Any) -> bool:
+    """Whether ``obj`` is a :class:`~interp.runtime.swap.BlockWeights` source rather than a model (it has ``block``
+    and no ``original_model``): the analyses that take either, and this checker, tell them apart this way."""
+    return hasattr(obj, "block") and not hasattr(obj, "original_model")
+
+
 def model_or_weights(value: Any, name: str, arguments: dict[str, Any]) -> None:
     """A model, or the block weights that stand for one (interp.patch's ``target``): a mapping, or a
-    :class:`~interp.runtime.swap.BlockWeights` source such as :class:`~interp.quant.inplace.SavedWeights`
-    (told apart from a model as :func:`~interp.runtime.swap.is_block_weights` does)."""
-    block_source = hasattr(value, "block") and not hasattr(value, "original_model")
-    if not isinstance(value, Mapping) and not block_source:
+    :class:`~interp.runtime.swap.BlockWeights` source such as :class:`~interp.quant.inplace.SavedWeights`."""
+    if not isinstance(value, Mapping) and not is_block_weights(value):
         _module(value, name, arguments)
 
 

@@ -46,6 +46,7 @@ from interp.errors import ComponentError
 from interp.io import PrivateFolder
 from interp.models import Model
 from interp.runtime import hooks, placement
+from interp.validate import is_block_weights  # noqa: F401 - re-exported: the analyses import it from here
 
 
 class BlockWeights(Protocol):
@@ -114,10 +115,6 @@ def write_block(model: Model, layer: int, values: dict[str, torch.Tensor]) -> No
             slots[role].write(value)
 
 
-def is_block_weights(obj: Any) -> bool:
-    """Whether ``obj`` is a :class:`BlockWeights` source rather than a model (it has ``block`` and no
-    ``original_model``): the analyses that take either tell them apart this way."""
-    return hasattr(obj, "block") and not hasattr(obj, "original_model")
 
 
 def _checked_roles(model: Model, layers: Sequence[int], roles: Iterable[str] | None) -> set[str] | None:

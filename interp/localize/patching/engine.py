@@ -470,7 +470,7 @@ def patch(
 
     One copy of the weights: ``target`` may be a variant's block weights alone (a
     :class:`~interp.runtime.swap.BlockWeights` such as :class:`interp.quant.inplace.SavedWeights`,
-    told apart as :func:`~interp.runtime.swap.is_block_weights` does) with ``source`` the model
+    told apart as :func:`~interp.validate.is_block_weights` does) with ``source`` the model
     they belong in. Each batch then runs the source first (the patched components' activations
     and the source metric), swaps the target's weights into ``source``
     (:func:`~interp.runtime.swap.swapped`, its own weights stashed on disk once per call), runs the
