@@ -136,3 +136,32 @@ def test_patterns_are_lowercased_and_types_case_insensitive(tmp_path):
         [("blk\\.0\\.ffn_down\\.weight", "q6_k"), ("blk\\.1\\.attn_v\\.weight", "q8_0")]
     with pytest.raises(SpecError, match="cannot read"):
         lc.read_tensor_types(tmp_path / "missing.txt")
+
+
+def _llama_cpp_files() -> dict:
+    import json
+
+    return json.loads((FIXTURES / "smol_mix_types.json").read_text())["mixes"]
+
+
+@pytest.mark.parametrize("mix", ["Q4_K_M", "Q3_K_M", "Q4_K_S"])
+def test_the_rule_predicts_every_type_llama_quantize_wrote(mix):
+    # the fixture: the tensor types of llama-quantize's own files of SmolLM2 (benchmarks/llama_cpp_plans.py made them)
+    written = _llama_cpp_files()[mix]["tensors"]
+    predicted = lc.stored_types(SMOL, lc.mix_types(SMOL, mix))
+    got = {lc.gguf_name(s.layer, s.role): predicted[s.name] for s in SMOL}
+    assert got == {name: t for name, t in written.items() if name in got}
+    assert len(got) == sum(name.startswith("blk.") and name.endswith(".weight") and "norm" not in name
+                           for name in written)
+    assert written["token_embd.weight"] == lc.embedding_type(576)  # tied: the output's type
+
+
+@pytest.mark.parametrize("mix", ["Q4_K_M", "Q3_K_M", "Q4_K_S"])
+def test_tensor_bytes_are_blocks_times_block_bytes(mix):
+    files = _llama_cpp_files()[mix]
+    dims = {lc.gguf_name(s.layer, s.role): (s.d_out, s.d_in) for s in SMOL}
+    for name, nbytes in files["tensor_bytes"].items():
+        if name in dims:
+            d_out, d_in = dims[name]
+            block, block_bytes = STRUCT_BYTES.get(files["tensors"][name], (1, 4))
+            assert nbytes == d_out * d_in // block * block_bytes, name

@@ -36,12 +36,17 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from interp.errors import SpecError
 from interp.quant.shapes import WeightShape
 
-__all__ = ["GGML_TYPES", "MIXES", "bits_per_weight", "fallback", "gguf_name", "mix_types", "read_tensor_types",
-           "tensor_type_lines", "type_for_bits", "types_average_bits", "use_more_bits", "write_tensor_types"]
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["GGML_TYPES", "MIXES", "bits_per_weight", "fallback", "gguf_block_weights", "gguf_name", "mix_types",
+           "read_tensor_types", "tensor_type_lines", "type_for_bits", "types_average_bits", "use_more_bits",
+           "write_tensor_types"]
 
 # type -> (weights per block, bytes per block), from the block structs of ggml-common.h
 GGML_TYPES: dict[str, tuple[int, int]] = {
@@ -191,3 +196,49 @@ def read_tensor_types(path: str | os.PathLike[str], tensor_names: Sequence[str] 
                             f"like {tensor_names[0]})")
         items.append((pattern, check_type(type_name)))
     return items
+
+
+TENSOR_ROLES = {tensor: role for role, tensor in ROLE_TENSORS.items()}
+
+
+def _unpermute_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo the row order llama.cpp's converter gives a llama ``attn_q``/``attn_k`` (rotary halves interleaved)."""
+    rows = weight.shape[0]
+    return weight.reshape(n_heads, rows // n_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def gguf_block_weights(path: str | os.PathLike[str]) -> dict[tuple[int, str], tuple[str, np.ndarray]]:
+    """Every block linear weight of a GGUF file, dequantized: ``(layer, role) -> (ggml type, float32 [d_out, d_in])``.
+
+    The values are what llama.cpp computes with (gguf-py's dequantization of the stored blocks),
+    in Hugging Face's row order: a ``llama`` file's ``attn_q`` and ``attn_k`` rows are put back
+    from the converter's rotary order, as transformers does when it loads the file.
+
+    Raises:
+        SpecError: the file is not a GGUF file gguf-py can read.
+    """
+    import gguf
+    import numpy
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (OSError, ValueError) as error:
+        raise SpecError(f"cannot read {path} as a GGUF file ({error})") from None
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+
+    def field_int(key: str) -> int | None:
+        found = reader.fields.get(f"{arch}.{key}")
+        return None if found is None else int(found.parts[-1][0])
+
+    heads = {"attn_q": field_int("attention.head_count"), "attn_k": field_int("attention.head_count_kv")}
+    out = {}
+    for tensor in reader.tensors:
+        parts = tensor.name.split(".")
+        if len(parts) != 4 or parts[0] != "blk" or parts[3] != "weight" or parts[2] not in TENSOR_ROLES:
+            continue
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(numpy.float32)
+        values = values.reshape(int(tensor.shape[1]), int(tensor.shape[0]))  # GGUF shapes are [ne0 = d_in, ne1 = d_out]
+        if arch == "llama" and parts[2] in heads and heads[parts[2]]:
+            values = _unpermute_rows(values, int(heads[parts[2]]))
+        out[int(parts[1]), TENSOR_ROLES[parts[2]]] = (tensor.tensor_type.name.lower(), values)
+    return out

@@ -173,23 +173,35 @@ class Preregistration:
 
 def heldout_examples(tokenizer: Any, p: Preregistration) -> Examples:
     """``p.n`` evaluation-split examples from documents no earlier run used (see the module docstring)."""
+    return fresh_examples(tokenizer, p.data, p.n, p.seq_len, p.seed, p.exclude_seq_lens, p.exclude_prefix,
+                          p.exclude_preregistrations)
+
+
+def fresh_examples(tokenizer: Any, data: str, n: int, seq_len: int, seed: int, exclude_seq_lens: Sequence[int],
+                   exclude_prefix: int, exclude_preregistrations: Sequence[str] = ()) -> Examples:
+    """``n`` evaluation-split examples drawn with ``seed`` from documents no earlier run used.
+
+    Removed first: the first ``exclude_prefix`` documents of the seed-0 order at each of
+    ``exclude_seq_lens`` (every exploratory run drew a prefix of that order), and the held-out
+    documents of the named confirmatory pre-registrations.
+    """
     used: set[str] = set()
-    for seq_len in p.exclude_seq_lens:
+    for length in exclude_seq_lens:
         try:
-            earlier = load_examples(p.data, tokenizer, n=None, seq_len=seq_len, seed=0, split="eval")
+            earlier = load_examples(data, tokenizer, n=None, seq_len=length, seed=0, split="eval")
         except InterpError:
             continue
-        used.update(earlier.ids[:p.exclude_prefix])
-    for name in p.exclude_preregistrations:
+        used.update(earlier.ids[:exclude_prefix])
+    for name in exclude_preregistrations:
         used.update(heldout_examples(tokenizer, Preregistration.load(PREREG_DIR / f"{name}.json")).ids)
-    pool = load_examples(p.data, tokenizer, n=None, seq_len=p.seq_len, seed=p.seed, split="eval")
+    pool = load_examples(data, tokenizer, n=None, seq_len=seq_len, seed=seed, split="eval")
     keep = [i for i, doc in enumerate(pool.ids) if doc not in used]
-    if len(keep) < p.n:
-        raise InterpError(f"Only {len(keep)} held-out documents of {p.seq_len} tokens remain; the pre-registration "
-                          f"asks for {p.n}.")
-    chosen = pool.subset(keep[:p.n])  # the pool is already in the seed's random order
-    chosen.settings.update({"split": "heldout", "excluded": len(used), "exclude_seq_lens": list(p.exclude_seq_lens),
-                            "exclude_prefix": p.exclude_prefix})
+    if len(keep) < n:
+        raise InterpError(f"Only {len(keep)} held-out documents of {seq_len} tokens remain; the pre-registration "
+                          f"asks for {n}.")
+    chosen = pool.subset(keep[:n])  # the pool is already in the seed's random order
+    chosen.settings.update({"split": "heldout", "excluded": len(used), "exclude_seq_lens": list(exclude_seq_lens),
+                            "exclude_prefix": exclude_prefix})
     return chosen
 
 

@@ -1,0 +1,421 @@
+"""Pre-registered run: interp's bit plan against llama.cpp's own mixes at equal file size (issue 34).
+
+Follows ``docs/preregistration/llama-cpp-plans-2.json`` (read here, never edited):
+
+1. ``llama-quantize`` makes the F32 reference from the bundled GGUF, the mixes (Q4_K_M, Q3_K_M,
+   Q4_K_S) and one ``--pure`` file per candidate type (the weights each option would store).
+2. For each calibration seed, :func:`interp.quant.fisher.fisher_sensitivity` scores every block
+   linear weight at every candidate type with llama.cpp's own dequantized weights, and
+   :func:`interp.quant.prescribe.choose_options` picks the types with the least summed score
+   whose bytes fit in each mix's block-weight bytes. ``llama-quantize MIX --tensor-type-file``
+   writes the plan's GGUF; its file must be at most the mix's file (bytes from the files).
+3. Every GGUF is scored on the 256 held-out examples by llama.cpp's own kernels (its Python
+   bindings, logits of every position): per-example mean KL(reference || quant) and NLL.
+4. interp's GGUF loader scores the first 16 held-out examples of some files for comparison.
+5. ``analyse`` judges the registered verdicts and writes ``docs/data/prescribe/llama-cpp/``.
+
+Every phase writes its result as it finishes, so a killed run resumes where it stopped.
+
+    LLAMA_CPP_BIN=/path/to/build/bin PYTHONPATH=/path/with/llama_cpp \
+        python benchmarks/llama_cpp_plans.py --registration llama-cpp-plans-3
+
+``LLAMA_CPP_BIN`` holds ``llama-quantize`` and ``libllama.so`` (built with ``-DGGML_NATIVE=OFF``;
+see docs/prescribe.md); the ``llama_cpp`` Python package must import (``LLAMA_CPP_LIB_PATH`` is
+set to ``LLAMA_CPP_BIN``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import interp  # noqa: E402
+from interp.data import load_examples  # noqa: E402
+from interp.io import sanitize, write_json  # noqa: E402
+from interp.quant.fisher import fisher_sensitivity  # noqa: E402
+from interp.quant.llama_cpp import GGML_TYPES, gguf_block_weights, gguf_name  # noqa: E402
+from interp.quant.prescribe import choose_options  # noqa: E402
+from interp.report.confirm import fresh_examples  # noqa: E402
+from interp.runtime.scoring import model_logits  # noqa: E402
+from interp.stats import crossed_bootstrap  # noqa: E402
+
+PREREG = ROOT / "docs" / "preregistration"
+DATA = ROOT / "docs" / "data" / "prescribe" / "llama-cpp"
+MIXES = ("Q4_K_M", "Q3_K_M", "Q4_K_S")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def registration(name: str) -> tuple[dict[str, Any], str]:
+    raw = (PREREG / f"{name}.json").read_bytes()
+    return json.loads(raw), hashlib.sha256(raw).hexdigest()
+
+
+def quantize(binary: Path, src: Path, dst: Path, mix: str, *extra: str) -> None:
+    if dst.exists():
+        return
+    tmp = dst.with_suffix(".partial.gguf")
+    done = subprocess.run([str(binary / "llama-quantize"), *extra, str(src), str(tmp), mix], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"llama-quantize {mix} failed:\n{done.stderr[-2000:]}")
+    tmp.replace(dst)
+
+
+def block_bytes(path: Path) -> int:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    return sum(int(t.n_bytes) for t in reader.tensors if t.name.startswith("blk.") and t.name.endswith(".weight")
+               and len(t.data.shape) == 2)
+
+
+def tensor_cost(ggml_type: str, d_out: int, d_in: int) -> int:
+    block, nbytes = GGML_TYPES[ggml_type]
+    return d_out * (d_in // block) * nbytes
+
+
+def phase_files(run: Path, binary: Path, reg: dict[str, Any]) -> dict[str, Path]:
+    gguf_dir = run / "gguf"
+    gguf_dir.mkdir(parents=True, exist_ok=True)
+    from interp.models import _bundled_gguf
+
+    ref = gguf_dir / "ref-f32.gguf"
+    quantize(binary, _bundled_gguf(reg["model"]), ref, "F32", "--allow-requantize")
+    files = {"reference": ref}
+    for mix in MIXES:
+        files[mix] = gguf_dir / f"{mix}.gguf"
+        quantize(binary, ref, files[mix], mix)
+    for ggml_type in reg["candidate_types"]:
+        files[f"pure-{ggml_type}"] = gguf_dir / f"pure-{ggml_type}.gguf"
+        quantize(binary, ref, files[f"pure-{ggml_type}"], ggml_type.upper(), "--pure")
+    return files
+
+
+def phase_sensitivity(run: Path, files: dict[str, Path], reg: dict[str, Any], model: Any) -> dict[int, Any]:
+    from safetensors.numpy import load_file, save_file
+
+    cal = reg["calibration"]
+    pure: dict[str, Any] = {}
+    out = {}
+    for seed in cal["seeds"]:
+        path = run / f"sensitivity-{seed}.safetensors"
+        if not path.exists():
+            rows = load_examples(cal["data"], model.tokenizer, n=cal["n"], seq_len=cal["seq_len"], seed=seed,
+                                 split=cal["split"])
+
+            if not pure:
+                pure.update({t: gguf_block_weights(files[f"pure-{t}"]) for t in reg["candidate_types"]})
+
+            def options(layer: int, role: str, W: torch.Tensor) -> dict[str, torch.Tensor]:
+                found = {}
+                for t, weights in pure.items():
+                    stored, values = weights[layer, role]
+                    if stored == t:  # the block divides the input width: llama.cpp stores this type as asked
+                        found[t] = torch.from_numpy(values)
+                return found
+
+            log(f"Fisher sensitivity, calibration seed {seed}")
+            result = fisher_sensitivity(model, rows, options, chunks=8, batch_size=8, seed=seed, progress=False)
+            meta = {"layers": result.layers, "roles": result.roles, "options": result.options,
+                    "settings": result.settings, "ids": rows.ids}
+            save_file({"per_chunk": result.per_chunk, "tokens": result.tokens}, str(path.with_suffix(".tmp")))
+            write_json(path.with_suffix(".json"), sanitize(meta))
+            path.with_suffix(".tmp").replace(path)
+            log(f"  {result.settings['seconds']:.0f} s")
+        arrays = load_file(str(path))
+        out[seed] = {**json.loads(path.with_suffix(".json").read_text()), **arrays}
+    return out
+
+
+def plan_types(sens: dict[str, Any], shapes: dict[tuple[int, str], tuple[int, int]], capacity: int,
+               candidates: list[str]) -> dict[tuple[int, str], str]:
+    """The registered allocation: the least summed sensitivity whose block-weight bytes fit ``capacity``."""
+    scores = sens["per_chunk"].sum(axis=2) / sens["tokens"].sum()
+    losses, costs, keys, allowed = [], [], [], []
+    for w, (layer, role, opts) in enumerate(zip(sens["layers"], sens["roles"], sens["options"], strict=True)):
+        d_out, d_in = shapes[layer, role]
+        keep = [o for o, t in enumerate(opts) if t in candidates]
+        keys.append((layer, role))
+        allowed.append([opts[o] for o in keep])
+        losses.append([float(scores[w, o]) for o in keep])
+        costs.append([tensor_cost(opts[o], d_out, d_in) for o in keep])
+    chosen = choose_options(losses, costs, capacity, unit=max(1, capacity // 50000))
+    return {key: allowed[w][o] for w, (key, o) in enumerate(zip(keys, chosen, strict=True))}
+
+
+def predicted(sens: dict[str, Any], types: dict[tuple[int, str], str]) -> float:
+    scores = sens["per_chunk"].sum(axis=2) / sens["tokens"].sum()
+    total = 0.0
+    for w, (layer, role, opts) in enumerate(zip(sens["layers"], sens["roles"], sens["options"], strict=True)):
+        t = types[layer, role]
+        total += float(scores[w, opts.index(t)]) if t in opts else float("nan")
+    return total
+
+
+def phase_plans(run: Path, binary: Path, files: dict[str, Path], reg: dict[str, Any], sens: dict[int, Any]
+                ) -> dict[str, Path]:
+    ref_weights = gguf_block_weights(files["reference"])
+    shapes = {key: value.shape for key, (_, value) in ref_weights.items()}
+    plans = {}
+    for size in reg["sizes"]:
+        limit = files[size].stat().st_size
+        capacity = block_bytes(files[size])
+        for seed, s in sens.items():
+            name = f"plan-{size}-{seed}"
+            path = run / "gguf" / f"{name}.gguf"
+            slack = 0
+            while not path.exists():
+                types = plan_types(s, shapes, capacity - slack, reg["candidate_types"])
+                text = "\n".join(f"{gguf_name(layer, role).replace('.', chr(92) + '.')}={t}"
+                                 for (layer, role), t in sorted(types.items())) + "\n"
+                type_file = run / f"{name}.txt"
+                type_file.write_text(text)
+                quantize(binary, files["reference"], path, size, "--tensor-type-file", str(type_file))
+                if path.stat().st_size > limit:  # alignment padding: take the excess off the capacity and redo
+                    slack += path.stat().st_size - limit
+                    path.unlink()
+                    log(f"{name} was {slack} bytes over; again with less")
+            plans[name] = path
+            log(f"{name}: {path.stat().st_size} bytes (mix {limit})")
+    return plans
+
+
+def score_llama_cpp(run: Path, files: dict[str, Path], rows: torch.Tensor, names: list[str], binary: Path) -> None:
+    os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(binary))
+    from llama_cpp import Llama
+
+    todo = [n for n in names if not (run / "scores" / f"{n}.parquet").exists()]
+    if not todo:
+        return
+    (run / "scores").mkdir(exist_ok=True)
+    threads = int(os.environ.get("LLAMA_THREADS", "2"))
+
+    def load(path: Path) -> Any:
+        return Llama(model_path=str(path), n_ctx=rows.shape[1], n_batch=rows.shape[1], n_threads=threads,
+                     n_threads_batch=threads, logits_all=True, verbose=False)
+
+    ref = load(files["reference"])
+    models = {n: load(files[n]) for n in todo}
+    out: dict[str, list[tuple[float, float]]] = {n: [] for n in todo}
+    ref_nll = []
+    start = time.perf_counter()
+    def logprobs(llm: Any, row: list[int]) -> np.ndarray:
+        llm.reset()
+        llm.eval(row)
+        logits = np.asarray(llm.scores[:len(row) - 1], dtype=np.float64)
+        return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+
+    for i, row in enumerate(rows.tolist()):
+        lp_ref = logprobs(ref, row)
+        targets = np.asarray(row[1:])
+        ref_nll.append(float(-lp_ref[np.arange(len(targets)), targets].mean()))
+        p_ref = np.exp(lp_ref)
+        for n, llm in models.items():
+            lp = logprobs(llm, row)
+            kl = float((p_ref * (lp_ref - lp)).sum(axis=1).mean())
+            out[n].append((kl, float(-lp[np.arange(len(targets)), targets].mean())))
+        if i % 32 == 31:
+            log(f"  llama.cpp scoring: {i + 1} examples, {time.perf_counter() - start:.0f} s")
+    for n in todo:
+        frame = pd.DataFrame(out[n], columns=["kl", "nll"])
+        frame["ref_nll"] = ref_nll
+        frame["bytes"] = files[n].stat().st_size
+        frame.to_parquet(run / "scores" / f"{n}.parquet")
+
+
+def score_interp(run: Path, files: dict[str, Path], rows: torch.Tensor, names: list[str]) -> None:
+    path = run / "scores" / "interp-loader.parquet"
+    if path.exists():
+        return
+    records = []
+    ref = interp.load_model(str(files["reference"]))
+    with torch.no_grad():
+        lp_ref = torch.log_softmax(model_logits(ref, rows)[:, :-1].double(), -1)
+    del ref
+    targets = rows[:, 1:]
+    for n in names:
+        model = interp.load_model(str(files[n]))
+        with torch.no_grad():
+            lp = torch.log_softmax(model_logits(model, rows)[:, :-1].double(), -1)
+        kl = (lp_ref.exp() * (lp_ref - lp)).sum(-1).mean(-1)
+        nll = -lp.gather(-1, targets[..., None])[..., 0].mean(-1)
+        records += [(n, i, float(kl[i]), float(nll[i])) for i in range(len(rows))]
+        del model
+    pd.DataFrame(records, columns=["file", "example", "kl", "nll"]).to_parquet(path)
+
+
+def judge(low: float, high: float) -> str:
+    """The registered verdict of a relative reduction's interval."""
+    if low >= 0.10:
+        return "beats by at least 10% (issue 34's goal)"
+    if low > 0:
+        return "beats"
+    if high < 0:
+        return "loses"
+    return "not resolved"
+
+
+def compare(mix: pd.DataFrame, plans: list[pd.DataFrame], n_boot: int) -> dict[str, Any]:
+    """The registered comparison of the seeds' plans with one mix, on the shared held-out examples."""
+
+    def crossed(column: str, tail: bool = False) -> Any:
+        def statistic(plan: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+            a, b = plan[column].to_numpy()[rows], mix[column].to_numpy()[rows]
+            if column == "nll":  # the NLL increases over the reference, plan minus mix
+                return (a - plan["ref_nll"].to_numpy()[rows]).mean(-1) - (b - mix["ref_nll"].to_numpy()[rows]).mean(-1)
+            if tail:  # each file's own worst 10%
+                k = max(1, int(round(0.1 * rows.shape[-1])))
+                a, b = np.sort(a, -1)[..., -k:], np.sort(b, -1)[..., -k:]
+            return 1 - a.mean(-1) / b.mean(-1)
+
+        return crossed_bootstrap(plans, statistic, len(mix), n_boot=n_boot, seed=0)
+
+    primary = crossed("kl")
+    est = primary.estimate
+    nll, tail = crossed("nll").estimate, crossed("kl", tail=True).estimate
+    return {
+        "primary": {"statistic": "relative reduction of mean KL, plan vs mix", "estimate": est.value, "low": est.low,
+                    "high": est.high, "per_seed": list(primary.per_instance), "between_seed_sd": primary.between_sd,
+                    "verdict": judge(est.low, est.high)},
+        "mean_kl": {"mix": float(mix.kl.mean()), "plans": [float(p.kl.mean()) for p in plans]},
+        "bytes": {"mix": int(mix.bytes.iloc[0]), "plans": [int(p.bytes.iloc[0]) for p in plans]},
+        "nll_difference": {"estimate": nll.value, "low": nll.low, "high": nll.high,
+                           "meaning": "plan minus mix, mean NLL increase over the reference (nats)"},
+        "tail": {"estimate": tail.value, "low": tail.low, "high": tail.high,
+                 "meaning": "relative reduction of the mean KL over each file's worst 10%"},
+    }
+
+
+def analyse(run: Path, reg: dict[str, Any], sha: str, sens: dict[int, Any], files: dict[str, Path]) -> dict[str, Any]:
+    scores = {p.stem: pd.read_parquet(p) for p in (run / "scores").glob("*.parquet") if p.stem != "interp-loader"}
+    verdicts = {size: compare(scores[size], [scores[f"plan-{size}-{seed}"] for seed in sens], reg["n_boot"])
+                for size in reg["sizes"]}
+    # additivity: predicted (summed sensitivity, seed-averaged) against realized mean KL, every scored file
+    additivity = []
+    for name, frame in scores.items():
+        types = {key: t for key, (t, _) in gguf_block_weights(files[name]).items()}
+        guesses = [predicted(s, types) for s in sens.values()]
+        additivity.append({"file": name, "bytes": int(frame.bytes.iloc[0]), "realized_kl": float(frame.kl.mean()),
+                           "predicted_kl": float(np.nanmean(guesses)), "realized_nll_increase":
+                           float((frame.nll - frame.ref_nll).mean())})
+    return {"registration": reg["name"], "registration_sha256": sha, "verdicts": verdicts, "additivity": additivity,
+            "reliability": reliability(next(iter(sens.values())), reg),
+            "loader_agreement": loader_agreement(run, scores),
+            "sensitivity_seconds": {str(k): v["settings"]["seconds"] for k, v in sens.items()},
+            "environment": environment()}
+
+
+def reliability(first: dict[str, Any], reg: dict[str, Any]) -> dict[str, Any]:
+    """Split-half Spearman of the first seed's sensitivity: the registered one, and within each type."""
+    from interp.quant.sensitivity import split_half
+
+    flat = first["per_chunk"].reshape(-1, first["per_chunk"].shape[-1])
+    flat = flat[np.isfinite(flat).all(axis=1)]
+    out: dict[str, Any] = {"registered_over_weight_type_pairs": split_half(flat, first["tokens"], n_boot=1000, seed=0)}
+    per_type = {}
+    for t in reg["candidate_types"]:  # not registered: within one type, over weights only
+        rows_t = [first["per_chunk"][w, o] for w, opts in enumerate(first["options"]) for o, x in enumerate(opts)
+                  if x == t]
+        if len(rows_t) >= 10:
+            per_type[t] = split_half(np.asarray(rows_t), first["tokens"], n_boot=1000, seed=0)
+    out["within_type_not_registered"] = per_type
+    return out
+
+
+def loader_agreement(run: Path, scores: dict[str, pd.DataFrame]) -> list[dict[str, Any]] | None:
+    loader = run / "scores" / "interp-loader.parquet"
+    if not loader.exists():
+        return None
+    frame = pd.read_parquet(loader)
+    agreement = []
+    for name, group in frame.groupby("file"):
+        lc = scores[str(name)].iloc[:len(group)]
+        agreement.append({"file": name, "examples": len(group),
+                          "max_abs_kl_difference": float(np.abs(group.kl.to_numpy() - lc.kl.to_numpy()).max()),
+                          "mean_kl_llama_cpp": float(lc.kl.mean()), "mean_kl_interp": float(group.kl.mean()),
+                          "max_abs_nll_difference": float(np.abs(group.nll.to_numpy() - lc.nll.to_numpy()).max())})
+    return agreement
+
+
+def environment() -> dict[str, Any]:
+    import llama_cpp
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    return {"commit": commit, "llama_cpp_python": llama_cpp.__version__, "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+            "llama_threads": int(os.environ.get("LLAMA_THREADS", "2")), "machine": platform.machine()}
+
+
+def share(source: Path, run: Path) -> None:
+    """Hard-link what does not depend on the candidate types from an earlier run of the same design."""
+    names = [p.relative_to(source) for pattern in ("gguf/ref-f32.gguf", "gguf/Q*.gguf", "gguf/pure-*.gguf",
+                                                    "sensitivity-*", *(f"scores/{m}.parquet" for m in MIXES))
+             for p in source.glob(pattern)]
+    for name in names:
+        target = run / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            os.link(source / name, target)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--run", default="runs/llama-cpp-plans-2", help="working folder (GGUF files, scores)")
+    parser.add_argument("--no-write", action="store_true", help="do not copy the results to docs/data")
+    args = parser.parse_args()
+    binary = Path(os.environ.get("LLAMA_CPP_BIN", ""))
+    if not (binary / "llama-quantize").is_file():
+        raise SystemExit("set LLAMA_CPP_BIN to the folder holding llama-quantize and libllama.so")
+    reg, sha = registration(args.registration)
+    run = Path(args.run or f"runs/{args.registration}")
+    run.mkdir(parents=True, exist_ok=True)
+    if args.shared:
+        share(Path(args.shared), run)
+    files = phase_files(run, binary, reg)
+    model = interp.load_model(reg["model"])
+    held = reg["heldout"]
+    rows = fresh_examples(model.tokenizer, held["data"], held["n"], held["seq_len"], held["seed"],
+                          held["exclude_seq_lens"], held["exclude_prefix"], held["exclude_preregistrations"])
+    sens = phase_sensitivity(run, files, reg, model)
+    overlap = set(rows.ids) & {i for s in sens.values() for i in s["ids"]}
+    if overlap:
+        raise SystemExit(f"{len(overlap)} held-out documents are also calibration documents")
+    del model
+    files.update(phase_plans(run, binary, files, reg, sens))
+    scored = [*MIXES, *(n for n in files if n.startswith("plan-"))]
+    log(f"llama.cpp scoring of {len(scored)} files on {len(rows)} held-out examples")
+    score_llama_cpp(run, files, rows.tokens, scored, binary)
+    log("interp loader on the first 16 examples")
+    score_interp(run, files, rows.tokens[:16], ["Q4_K_M", f"plan-Q4_K_M-{reg['calibration']['seeds'][0]}"])
+    result = analyse(run, reg, sha, sens, files)
+    result["heldout_ids"] = rows.ids
+    write_json(run / "result.json", sanitize(result))
+    if not args.no_write:
+        out = DATA / reg["name"]
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "result.json", sanitize(result))
+        for p in [*(run / "scores").glob("*.parquet"), *run.glob("plan-*.txt"), *run.glob("sensitivity-*")]:
+            (out / p.name).write_bytes(p.read_bytes())
+    log(json.dumps(sanitize(result["verdicts"]), indent=1))
+
+
+if __name__ == "__main__":
+    main()
