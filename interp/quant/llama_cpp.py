@@ -43,10 +43,11 @@ from interp.quant.shapes import WeightShape
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
 
-__all__ = ["GGML_TYPES", "MIXES", "bits_per_weight", "fallback", "gguf_block_weights", "gguf_name", "mix_types",
-           "read_tensor_types", "tensor_type_lines", "type_for_bits", "types_average_bits", "use_more_bits",
-           "write_tensor_types"]
+__all__ = ["GGML_TYPES", "LEGACY_TYPES", "MIXES", "bits_per_weight", "fallback", "gguf_block_weights",
+           "gguf_name", "mix_types", "quantize_blocks", "read_tensor_types", "stored_weight",
+           "tensor_type_lines", "type_for_bits", "types_average_bits", "use_more_bits", "write_tensor_types"]
 
 # type -> (weights per block, bytes per block), from the block structs of ggml-common.h
 GGML_TYPES: dict[str, tuple[int, int]] = {
@@ -242,3 +243,38 @@ def gguf_block_weights(path: str | os.PathLike[str]) -> dict[tuple[int, str], tu
             values = _unpermute_rows(values, int(heads[parts[2]]))
         out[int(parts[1]), TENSOR_ROLES[parts[2]]] = (tensor.tensor_type.name.lower(), values)
     return out
+
+
+# types interp can store exactly as llama-quantize does (without an importance matrix): gguf-py's reference
+# quantizers, byte-identical to llama.cpp's (tests/test_gguf_weights.py, against llama-quantize's own blocks)
+LEGACY_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+
+
+def quantize_blocks(values: np.ndarray, ggml_type: str) -> np.ndarray:
+    """The stored blocks (``uint8 [rows, bytes per row]``) of float32 rows in a legacy type, as llama-quantize writes.
+
+    Raises:
+        SpecError: a type outside :data:`LEGACY_TYPES`, or rows whose width the type's block does not divide.
+    """
+    import gguf
+    import numpy
+
+    wanted = check_type(ggml_type)
+    if wanted not in LEGACY_TYPES:
+        raise SpecError(f"interp stores only {', '.join(LEGACY_TYPES)} without llama.cpp; {wanted} needs "
+                        "llama-quantize")
+    rows = numpy.ascontiguousarray(values, dtype=numpy.float32)
+    if rows.shape[-1] % GGML_TYPES[wanted][0]:
+        raise SpecError(f"{wanted} stores blocks of {GGML_TYPES[wanted][0]} weights; rows of {rows.shape[-1]} do not "
+                        "split into them")
+    return gguf.quants.quantize(rows, gguf.GGMLQuantizationType[wanted.upper()])
+
+
+def stored_weight(weight: torch.Tensor, ggml_type: str) -> torch.Tensor:
+    """``weight`` ``[d_out, d_in]`` as llama.cpp stores it in a legacy type, dequantized (float32)."""
+    import gguf
+    import torch
+
+    blocks = quantize_blocks(weight.detach().float().cpu().numpy(), ggml_type)
+    values = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[ggml_type.upper()])
+    return torch.from_numpy(values.reshape(weight.shape).copy())
