@@ -449,3 +449,24 @@ def test_cli_writes_a_llama_cpp_tensor_type_file(tiny_llama, monkeypatch, tmp_pa
     assert len(items) == len(shapes)
     assert lc.types_average_bits(shapes, {s.name: t for s, (_, t) in zip(shapes, items, strict=True)}) <= 5.5
     assert "llama-quantize --tensor-type-file" in capsys.readouterr().out
+
+
+def test_fisher_plan_finds_the_type_a_reference_is_already_stored_in(rows):
+    """A reference whose weights already sit on llama.cpp's Q4_1 grid loses nothing in Q4_1: the Fisher score of
+    that option is exactly 0 (the stored weight equals the reference), every other option costs KL, so under a
+    budget Q4_1 fits, the plan is all Q4_1 at zero estimated loss. The RTN proxy cannot see this."""
+    import interp
+    from interp.quant.llama_cpp import stored_weight
+    from interp.quant.prescribe import model_shapes, prescribe_llama_cpp
+
+    model = interp.tiny_model("llama", seed=3)
+    for layer in range(hooks.n_layers(model)):
+        for slot in hooks.linear_weights(model, layer).values():
+            slot.write(stored_weight(slot.read(), "q4_1"))
+    plan = prescribe_llama_cpp(model, 5.2, rows, widths=(4, 5, 8), chunks=1, batch_size=5, progress=False,
+                               score="fisher")
+    assert set(plan.types.values()) == {"q4_1"} and plan.estimated_loss == 0.0
+    assert plan.achieved == 5.0 and len(plan.types) == len(model_shapes(model))
+    cheaper = prescribe_llama_cpp(model, 4.8, rows, widths=(4, 5, 8), chunks=1, batch_size=5, progress=False,
+                                  score="fisher")
+    assert cheaper.achieved <= 4.8 and cheaper.estimated_loss > 0 and "q4_0" in cheaper.types.values()

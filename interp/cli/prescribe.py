@@ -61,6 +61,10 @@ def _args(p: argparse.ArgumentParser) -> None:
                    help="interp: plan.json for interp quantize; llama.cpp: tensor_types.txt for llama-quantize "
                         "--tensor-type-file, types chosen by the output-error proxy, the budget in llama.cpp bits "
                         "per weight over the block linear weights")
+    p.add_argument("--score", default="proxy", choices=("proxy", "fisher"),
+                   help="with --format llama.cpp: proxy, the output-error proxy tr(dW H dW^T) (RTN stand-ins); "
+                        "fisher, the Fisher-weighted output error in KL nats, with llama.cpp's exact rounding for "
+                        "its legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)")
     p.add_argument("--budget", required=True, type=float_in(0, 64, low_open=True),
                    help="average bits per weight, group scales and zero-points counted (gptq group 64: 3.5 to "
                         "4.5 for 3,4)")
@@ -104,7 +108,8 @@ def _llama_cpp(args: argparse.Namespace, model: object, calibration: object, sta
     from interp.quant.prescribe import model_shapes, prescribe_llama_cpp
 
     plan = prescribe_llama_cpp(model, args.budget, calibration, widths=args.bits, chunks=min(8, len(calibration)),
-                               batch_size=args.batch_size, progress=not args.quiet and None)
+                               batch_size=args.batch_size, progress=not args.quiet and None, score=args.score,
+                               seed=args.seed)
     path = plan.save(args.out, model_shapes(model))
     mixes = ", ".join(f"{mix} {bits:.3f}" for mix, bits in plan.baselines.items())
     print(f"{plan.achieved:.4f} bits per weight over the block linear weights (budget {plan.budget:g}; ends "

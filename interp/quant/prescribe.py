@@ -518,9 +518,32 @@ def llama_options(shapes: Sequence[WeightShape], widths: Sequence[int]) -> list[
     return options
 
 
-def check_llama_budget(shapes: Sequence[WeightShape] | None, widths: Sequence[int], budget: float
-                       ) -> tuple[float, float]:
-    """The cheapest and dearest averages the widths allow (nominal types without ``shapes``); SpecError outside."""
+# per width, the llama.cpp types of that many bits: the K-quant (BITS_TYPES) and the legacy types beside it
+WIDTH_TYPES = {2: ("q2_k",), 3: ("q3_k",), 4: ("q4_k", "q4_0", "q4_1"), 5: ("q5_k", "q5_0", "q5_1"), 6: ("q6_k",),
+               8: ("q8_0",)}
+
+
+def exact_options(shapes: Sequence[WeightShape], widths: Sequence[int]) -> list[list[str]]:
+    """Per weight, every llama.cpp type of the ``widths`` its input width stores as asked (K-quant or legacy),
+    falling back as llama.cpp does where none of a width's types fits; cheapest first."""
+    from interp.quant.llama_cpp import GGML_TYPES, bits_per_weight, fallback
+
+    options = []
+    for s in shapes:
+        found: dict[str, None] = {}
+        for bits in sorted(widths):
+            fits = [t for t in WIDTH_TYPES[bits] if s.d_in % GGML_TYPES[t][0] == 0]
+            found.update(dict.fromkeys(fits or [fallback(WIDTH_TYPES[bits][0], s.d_in)]))
+        options.append(sorted(found, key=bits_per_weight))
+    return options
+
+
+def check_llama_budget(shapes: Sequence[WeightShape] | None, widths: Sequence[int], budget: float,
+                       score: str = "proxy") -> tuple[float, float]:
+    """The cheapest and dearest averages the widths allow (nominal types without ``shapes``); SpecError outside.
+
+    With ``shapes`` the options are those ``score`` chooses from (:func:`llama_options` for the proxy,
+    :func:`exact_options` for the Fisher score)."""
     from interp.quant.llama_cpp import BITS_TYPES, bits_per_weight
 
     bad = [b for b in widths if b not in BITS_TYPES or BITS_TYPES[b] not in TYPE_SCORE_BITS]
@@ -529,7 +552,8 @@ def check_llama_budget(shapes: Sequence[WeightShape] | None, widths: Sequence[in
                         f"types; got {','.join(map(str, widths))}")
     if shapes:
         total = sum(s.size for s in shapes)
-        per = [[bits_per_weight(t) for t in opts] for opts in llama_options(shapes, widths)]
+        choices = exact_options(shapes, widths) if score == "fisher" else llama_options(shapes, widths)
+        per = [[bits_per_weight(t) for t in opts] for opts in choices]
         ends = (sum(s.size * p[0] for s, p in zip(shapes, per, strict=True)) / total,
                 sum(s.size * p[-1] for s, p in zip(shapes, per, strict=True)) / total)
     else:
@@ -542,33 +566,72 @@ def check_llama_budget(shapes: Sequence[WeightShape] | None, widths: Sequence[in
 
 
 def prescribe_llama_cpp(model: Model, budget: float, calibration: Examples, widths: Sequence[int] = (3, 4, 5, 6, 8),
-                        chunks: int = 8, batch_size: int = 8, progress: bool | None = None) -> LlamaPlan:
-    """llama.cpp types for every block linear weight under ``budget`` bits per weight, by the output-error proxy.
+                        chunks: int = 8, batch_size: int = 8, progress: bool | None = None, score: str = "proxy",
+                        seed: int = 0) -> LlamaPlan:
+    """llama.cpp types for every block linear weight under ``budget`` bits per weight.
 
-    Each weight's options are the types its widths give it after llama.cpp's shape fallback; each
-    option is scored by :func:`~interp.quant.sensitivity.proxy_sensitivity` at that type's width
-    (RTN, group 32), costed at the type's bits per weight, and :func:`choose_options` picks the
-    least summed proxy that fits (cost resolution: 1/50000 of the budget).
+    ``score="proxy"``: each weight's options are the types its widths give it after llama.cpp's
+    shape fallback, each scored by :func:`~interp.quant.sensitivity.proxy_sensitivity` at that
+    type's width (RTN, group 32).
+
+    ``score="fisher"``: the options are every type of those widths the weight's input width stores
+    as asked (Q4_0 and Q4_1 beside Q4_K...), each scored by
+    :func:`~interp.quant.fisher.fisher_sensitivity` (KL nats per token) on the weight as llama.cpp
+    would store it: exactly for the legacy types (:func:`~interp.quant.llama_cpp.stored_weight`),
+    through the RTN stand-in at the type's width for K-quants (interp has no K-quant encoder).
+
+    Either way each option costs its type's bits per weight, and :func:`choose_options` picks the
+    least summed score that fits (cost resolution: 1/50000 of the budget).
     """
-    from interp.quant.llama_cpp import MIXES, bits_per_weight, mix_types, types_average_bits
-    from interp.quant.sensitivity import proxy_sensitivity
+    from interp.quant.llama_cpp import (
+        LEGACY_TYPES,
+        MIXES,
+        bits_per_weight,
+        mix_types,
+        stored_weight,
+        types_average_bits,
+    )
 
+    if score not in ("proxy", "fisher"):
+        raise SpecError(f"score must be 'proxy' or 'fisher'; got {score!r}")
     shapes = model_shapes(model)
-    ends = check_llama_budget(shapes, widths, budget)
-    options = llama_options(shapes, widths)
-    score_bits = sorted({TYPE_SCORE_BITS[t] for opts in options for t in opts})
-    proxy = proxy_sensitivity(model, calibration, tuple(score_bits), chunks=chunks, batch_size=batch_size,
-                              progress=progress)
-    scores = dict(zip(proxy.names, proxy.scores(), strict=True))
-    losses = [[float(scores[s.name][score_bits.index(TYPE_SCORE_BITS[t])]) for t in opts]
-              for s, opts in zip(shapes, options, strict=True)]
+    ends = check_llama_budget(shapes, widths, budget, score)
+    if score == "fisher":
+        from interp.quant.fisher import fisher_sensitivity
+        from interp.quant.methods import quantize_weight
+
+        options = exact_options(shapes, widths)
+        allowed = {s.name: opts for s, opts in zip(shapes, options, strict=True)}
+
+        def stored(layer: int, role: str, W: Any) -> dict[str, Any]:
+            return {t: stored_weight(W, t) if t in LEGACY_TYPES else
+                    quantize_weight(W, f"rtn:bits={TYPE_SCORE_BITS[t]},group=32") for t in allowed[f"{layer}.{role}"]}
+
+        fisher = fisher_sensitivity(model, calibration, stored, chunks=chunks, batch_size=batch_size, seed=seed,
+                                    progress=progress)
+        table = fisher.scores()
+        by_name = {name: {t: float(table[w, o]) for o, t in enumerate(fisher.options[w])}
+                   for w, name in enumerate(fisher.names)}
+        losses = [[by_name[s.name][t] for t in opts] for s, opts in zip(shapes, options, strict=True)]
+        spent, how = fisher.settings["seconds"], ("1/2 g² (ΔW x)² per token (KL nats), g the output gradient of "
+                                                  "sampled labels; legacy types exact, K-quants by RTN group 32")
+    else:
+        from interp.quant.sensitivity import proxy_sensitivity
+
+        options = llama_options(shapes, widths)
+        score_bits = sorted({TYPE_SCORE_BITS[t] for opts in options for t in opts})
+        proxy = proxy_sensitivity(model, calibration, tuple(score_bits), chunks=chunks, batch_size=batch_size,
+                                  progress=progress)
+        scores = dict(zip(proxy.names, proxy.scores(), strict=True))
+        losses = [[float(scores[s.name][score_bits.index(TYPE_SCORE_BITS[t])]) for t in opts]
+                  for s, opts in zip(shapes, options, strict=True)]
+        spent, how = proxy.settings["seconds"], "tr(ΔW H ΔWᵀ) per calibration token at the type's width (RTN, group 32)"
     costs = [[round(s.size * bits_per_weight(t)) for t in opts] for s, opts in zip(shapes, options, strict=True)]
     capacity = math.floor(budget * sum(s.size for s in shapes))
     chosen = choose_options(losses, costs, capacity, unit=max(1, capacity // 50000))
     types = {s.name: opts[o] for s, opts, o in zip(shapes, options, chosen, strict=True)}
     baselines = {mix: types_average_bits(shapes, mix_types(shapes, mix)) for mix in MIXES}
-    settings = {"widths": list(widths), "proxy": proxy.spec, "proxy_examples": len(calibration),
-                "proxy_seconds": proxy.settings["seconds"], "calibration": dict(calibration.settings),
-                "score": "tr(ΔW H ΔWᵀ) per calibration token at the type's width (RTN, group 32)"}
+    settings = {"widths": list(widths), "score_name": score, "score_examples": len(calibration),
+                "score_seconds": spent, "calibration": dict(calibration.settings), "score": how}
     return LlamaPlan(types, float(budget), types_average_bits(shapes, types), ends, baselines,
                      float(sum(loss[o] for loss, o in zip(losses, chosen, strict=True))), settings)
