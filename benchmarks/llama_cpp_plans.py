@@ -334,7 +334,9 @@ def reliability(first: dict[str, Any], reg: dict[str, Any]) -> dict[str, Any]:
     for t in reg["candidate_types"]:  # not registered: within one type, over weights only
         rows_t = [first["per_chunk"][w, o] for w, opts in enumerate(first["options"]) for o, x in enumerate(opts)
                   if x == t]
-        if len(rows_t) >= 10:
+        if len(rows_t) >= 10 and not np.any(rows_t):
+            per_type[t] = {"exact": True}  # every score 0: the type stores the reference as it is
+        elif len(rows_t) >= 10:
             per_type[t] = split_half(np.asarray(rows_t), first["tokens"], n_boot=1000, seed=0)
     out["within_type_not_registered"] = per_type
     return out
@@ -378,7 +380,10 @@ def share(source: Path, run: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--run", default="runs/llama-cpp-plans-2", help="working folder (GGUF files, scores)")
+    parser.add_argument("--registration", default="llama-cpp-plans-3", help="a file of docs/preregistration")
+    parser.add_argument("--run", default=None, help="working folder (GGUF files, scores); default runs/REGISTRATION")
+    parser.add_argument("--shared", default=None, help="an earlier run of the same design whose reference, mix and "
+                        "pure-type files, sensitivities and mix scores are reused (hard links)")
     parser.add_argument("--no-write", action="store_true", help="do not copy the results to docs/data")
     args = parser.parse_args()
     binary = Path(os.environ.get("LLAMA_CPP_BIN", ""))

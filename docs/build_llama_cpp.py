@@ -4,7 +4,7 @@ The run (``benchmarks/llama_cpp_plans.py``, pre-registered in
 ``docs/preregistration/llama-cpp-plans-2.json``) writes the data; this script only renders it, so
 no number on the page is typed by hand (``tests/test_docs.py`` checks the page against the data).
 
-    python docs/build_llama_cpp.py --write    # or --check
+    python docs/build_llama_cpp.py --write [--figure]    # or --check
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "prescribe.md"
-RESULT = ROOT / "docs" / "data" / "prescribe" / "llama-cpp" / "result.json"
+DATA = ROOT / "docs" / "data" / "prescribe" / "llama-cpp"
+REGISTRATIONS = {"plans2": "llama-cpp-plans-2", "plans3": "llama-cpp-plans-3"}  # block prefix -> registration
 
 
 def _pct(x: float) -> str:
@@ -60,6 +61,9 @@ def reliability_table(result: dict[str, Any]) -> str:
     lines = ["| what | split-half Spearman [95% CI] |", "|---|---|",
              f"| every (weight, type) pair (registered) | {reg['rho']:.3f} [{reg['low']:.3f}, {reg['high']:.3f}] |"]
     for t, v in r["within_type_not_registered"].items():
+        if v.get("exact"):
+            lines.append(f"| within {t} (not registered) | every score is 0: {t} stores this reference exactly |")
+            continue
         lines.append(f"| within {t}, over weights (not registered) | {v['rho']:.3f} "
                      f"[{v['low']:.3f}, {v['high']:.3f}] |")
     seconds = ", ".join(f"{float(s):.0f}" for s in result["sensitivity_seconds"].values())
@@ -78,16 +82,56 @@ def loader_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {"llamacpp_verdicts": verdict_table, "llamacpp_additivity": additivity_table,
-          "llamacpp_reliability": reliability_table, "llamacpp_loader": loader_table}
+BLOCKS = {"verdicts": verdict_table, "additivity": additivity_table, "reliability": reliability_table,
+          "loader": loader_table}
 
 
-def render(page: str, result: dict[str, Any] | None = None) -> str:
-    result = result if result is not None else json.loads(RESULT.read_text())
-    for name, build in BLOCKS.items():
-        block = f"<!-- {name}:begin -->\n{build(result)}\n<!-- {name}:end -->"
-        page = re.sub(rf"<!-- {name}:begin -->.*?<!-- {name}:end -->", lambda _, text=block: text, page, flags=re.S)
+def results() -> dict[str, dict[str, Any]]:
+    """Each registration's committed result, by block prefix (a registration without data is left out)."""
+    found = {}
+    for prefix, name in REGISTRATIONS.items():
+        path = DATA / name / "result.json"
+        if path.exists():
+            found[prefix] = json.loads(path.read_text())
+    return found
+
+
+def render(page: str, data: dict[str, dict[str, Any]] | None = None) -> str:
+    data = results() if data is None else data
+    for prefix, result in data.items():
+        for kind, build in BLOCKS.items():
+            name = f"{prefix}_{kind}"
+            block = f"<!-- {name}:begin -->\n{build(result)}\n<!-- {name}:end -->"
+            page = re.sub(rf"<!-- {name}:begin -->.*?<!-- {name}:end -->", lambda _, text=block: text, page,
+                          flags=re.S)
     return page
+
+
+def pareto(data: dict[str, dict[str, Any]]) -> Any:
+    """File size against held-out mean KL: llama.cpp's mixes as points, interp's plans (seed means) as curves."""
+    import plotly.graph_objects as go
+
+    from interp.figures.style import styled
+
+    fig = go.Figure()
+    mixes = {row["file"]: row for result in data.values() for row in result["additivity"]
+             if not row["file"].startswith("plan-")}
+    fig.add_trace(go.Scatter(x=[r["bytes"] / 1e6 for r in mixes.values()], y=[r["realized_kl"] for r in mixes.values()],
+                             mode="markers+text", text=list(mixes), textposition="top left", name="llama.cpp mixes",
+                             marker=dict(size=11, symbol="diamond")))
+    labels = {"plans2": "interp plan, every legacy type (registration 2)",
+              "plans3": "interp plan, Q4_1 excluded (registration 3)"}
+    for prefix, result in data.items():
+        points = sorted((sum(v["bytes"]["plans"]) / len(v["bytes"]["plans"]) / 1e6,
+                         sum(v["mean_kl"]["plans"]) / len(v["mean_kl"]["plans"])) for v in result["verdicts"].values())
+        fig.add_trace(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers",
+                                 name=labels[prefix]))
+    fig = styled(fig, "SmolLM2-135M through llama.cpp: file size against held-out KL (256 examples)",
+                 "GGUF file size (MB)", "mean KL from the reference (nats per token)")
+    sizes = [r["bytes"] / 1e6 for r in mixes.values()]
+    fig.update_xaxes(range=[min(sizes) - 2, max(sizes) + 1.5])
+    fig.update_yaxes(type="log", tickvals=[0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     new = render(page)
     if "--write" in argv:
         PAGE.write_text(new)
+        if "--figure" in argv:
+            from interp.figures import export_static
+
+            export_static({"prescribe_llama_cpp_pareto": pareto(results())}, ROOT / "docs" / "img", formats=("png",))
         return 0
     if new != page:
         print("docs/prescribe.md's llama.cpp tables differ from the data: run python docs/build_llama_cpp.py --write")

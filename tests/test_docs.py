@@ -202,3 +202,64 @@ def test_reproduction_prose_types_no_measured_number():
     protocol = {"95%", "10%"}  # the interval level and the top-10% rule: settings, not measurements
     numbers = [x for x in re.findall(r"(?<![\w.])\d+\.\d+|\d+(?:\.\d+)?%", prose) if x not in protocol]
     assert numbers == [], f"numbers typed into docs/reproduction.md's prose: {numbers[:5]}"
+
+
+def _module(path: Path, name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_llama_cpp_tables_are_generated_from_the_committed_data():
+    builder = _module(ROOT / "docs" / "build_llama_cpp.py", "build_llama_cpp")
+    page = (ROOT / "docs" / "prescribe.md").read_text()
+    assert builder.results(), "no committed llama.cpp result under docs/data/prescribe/llama-cpp"
+    assert builder.render(page) == page, "run: python docs/build_llama_cpp.py --write"
+    block = page[page.index("<!-- plans2_verdicts:begin -->"):page.index("<!-- plans2_verdicts:end -->")]
+    edited = page.replace(block, block.replace("0.0", "0.9", 1))
+    assert edited != page and builder.render(edited) == page  # rendering restores the data's number
+
+
+def test_llama_cpp_verdicts_recompute_from_the_committed_per_example_scores():
+    """result.json's verdicts are what the registered comparison computes from the committed parquet files."""
+    import json
+
+    import pandas as pd
+
+    bench = _module(ROOT / "benchmarks" / "llama_cpp_plans.py", "llama_cpp_plans")
+    builder = _module(ROOT / "docs" / "build_llama_cpp.py", "build_llama_cpp")
+    for name in builder.REGISTRATIONS.values():
+        folder = builder.DATA / name
+        if not (folder / "result.json").exists():
+            continue
+        result = json.loads((folder / "result.json").read_text())
+        reg = json.loads((ROOT / "docs" / "preregistration" / f"{name}.json").read_text())
+        assert result["registration_sha256"] == bench.registration(name)[1]  # the registration was not edited
+        for size in reg["sizes"]:
+            mix = pd.read_parquet(folder / f"{size}.parquet")
+            plans = [pd.read_parquet(folder / f"plan-{size}-{seed}.parquet") for seed in reg["calibration"]["seeds"]]
+            assert len(mix) == reg["heldout"]["n"] and all(len(p) == len(mix) for p in plans)
+            again = json.loads(json.dumps(bench.compare(mix, plans, reg["n_boot"])))
+            _assert_same(again, result["verdicts"][size])
+
+
+def _assert_same(got, want):
+    """Equal structure, text and integers; floats to 1e-9 relative: sums of 256 float64 values whose rounding may
+    follow the CPU's SIMD width (about 256 * 1.1e-16 relative per mean, far inside 1e-9)."""
+    import pytest
+
+    if isinstance(want, dict):
+        assert got.keys() == want.keys()
+        for key in want:
+            _assert_same(got[key], want[key])
+    elif isinstance(want, list):
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            _assert_same(a, b)
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-15)
+    else:
+        assert got == want
