@@ -50,6 +50,7 @@ from tqdm.auto import tqdm
 from interp.data import Examples, refuse_padding
 from interp.errors import InterpError
 from interp.models import Model
+from interp.quant.sensitivity import ChunkedScores
 from interp.runtime import hooks
 from interp.runtime.batching import batches, check_examples, show_progress
 
@@ -64,7 +65,7 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class FisherSensitivity:
+class FisherSensitivity(ChunkedScores):
     """Per weight and option, the summed Fisher-weighted squared output error of each chunk of examples.
 
     Attributes:
@@ -74,6 +75,8 @@ class FisherSensitivity:
             weight has fewer options.
         tokens: ``[chunks]`` scored positions in each chunk.
         settings: examples, seconds, seed.
+
+    ``scores()`` is the KL per token (nats) of each weight and option, ``[weights, most options]``.
     """
 
     layers: list[int]
@@ -82,15 +85,6 @@ class FisherSensitivity:
     per_chunk: np.ndarray
     tokens: np.ndarray
     settings: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def names(self) -> list[str]:
-        return [f"{layer}.{role}" for layer, role in zip(self.layers, self.roles, strict=True)]
-
-    def scores(self, chunks: Any = None) -> np.ndarray:
-        """``[weights, most options]`` KL per token (nats) over ``chunks`` (an index array; default all)."""
-        pick = slice(None) if chunks is None else np.asarray(chunks)
-        return self.per_chunk[:, :, pick].sum(axis=2) / self.tokens[pick].sum()
 
     def table(self) -> pd.DataFrame:
         """One row per weight and option: layer, role, option, score (KL per token, nats)."""
@@ -101,7 +95,7 @@ class FisherSensitivity:
         return pd.DataFrame(rows, columns=["layer", "role", "option", "score"])
 
 
-def _native_linears(model: Model, native: torch.nn.Module) -> dict[tuple[int, str], torch.nn.Module]:
+def _native_linears(model: Model, native: torch.nn.Module) -> dict[tuple[int, str], Any]:
     """The native tree's linear module of every (layer, role), found by its weight tensor."""
     by_weight = {id(m.weight): m for m in native.modules() if isinstance(m, torch.nn.Linear)}
     out = {}
@@ -138,7 +132,7 @@ def fisher_sensitivity(model: Model, examples: Examples, options: Options, chunk
     if len(examples) < chunks:
         raise InterpError(f"the Fisher sensitivity splits the examples into {chunks} chunks: pass at least {chunks}")
     start_time = time.perf_counter()
-    native = hooks.native_model(model)
+    native: Any = hooks.native_model(model)
     modules = _native_linears(model, native)
     keys = list(modules)
     deltas: list[list[torch.Tensor]] = []

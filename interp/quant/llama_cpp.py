@@ -239,8 +239,9 @@ def gguf_block_weights(path: str | os.PathLike[str]) -> dict[tuple[int, str], tu
             continue
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(numpy.float32)
         values = values.reshape(int(tensor.shape[1]), int(tensor.shape[0]))  # GGUF shapes are [ne0 = d_in, ne1 = d_out]
-        if arch == "llama" and parts[2] in heads and heads[parts[2]]:
-            values = _unpermute_rows(values, int(heads[parts[2]]))
+        n_heads = heads.get(parts[2])
+        if arch == "llama" and n_heads:
+            values = _unpermute_rows(values, n_heads)
         out[int(parts[1]), TENSOR_ROLES[parts[2]]] = (tensor.tensor_type.name.lower(), values)
     return out
 

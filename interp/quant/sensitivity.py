@@ -259,8 +259,27 @@ def _run(runner: DecoderRunner, hidden: torch.Tensor, start: int) -> torch.Tenso
 INPUT_GROUPS = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))  # roles that read the same input
 
 
+class ChunkedScores:
+    """Scores summed per chunk of examples (``per_chunk [weights, options, chunks]``, ``tokens [chunks]``),
+    for one weight per ``(layers[i], roles[i])``."""
+
+    layers: list[int]
+    roles: list[str]
+    per_chunk: np.ndarray
+    tokens: np.ndarray
+
+    @property
+    def names(self) -> list[str]:
+        return [f"{layer}.{role}" for layer, role in zip(self.layers, self.roles, strict=True)]
+
+    def scores(self, chunks: Any = None) -> np.ndarray:
+        """``[weights, options]`` score per token over ``chunks`` (an index array; default all)."""
+        pick = slice(None) if chunks is None else np.asarray(chunks)
+        return self.per_chunk[:, :, pick].sum(axis=2) / self.tokens[pick].sum()
+
+
 @dataclass(frozen=True)
-class ProxySensitivity:
+class ProxySensitivity(ChunkedScores):
     """Per weight and width, the GPTQ objective ``tr(ΔW H ΔWᵀ)`` per calibration token, in chunks of examples.
 
     ``H = XᵀX`` sums the weight's input over the tokens of a chunk (chunk ``c`` holds examples
@@ -285,14 +304,6 @@ class ProxySensitivity:
     tokens: np.ndarray
     settings: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def names(self) -> list[str]:
-        return [f"{layer}.{role}" for layer, role in zip(self.layers, self.roles, strict=True)]
-
-    def scores(self, chunks: Any = None) -> np.ndarray:
-        """``[weights, widths]`` squared output error per token over ``chunks`` (an index array; default all)."""
-        pick = slice(None) if chunks is None else np.asarray(chunks)
-        return self.per_chunk[:, :, pick].sum(axis=2) / self.tokens[pick].sum()
 
 
 def proxy_sensitivity(model: Model, examples: Examples, widths: tuple[int, ...] = (3, 4, 5, 6, 8),
