@@ -48,8 +48,9 @@ import interp  # noqa: E402
 from interp.data import load_examples  # noqa: E402
 from interp.io import sanitize, write_json  # noqa: E402
 from interp.quant.fisher import fisher_sensitivity  # noqa: E402
-from interp.quant.llama_cpp import GGML_TYPES, gguf_block_weights, gguf_name  # noqa: E402
+from interp.quant.llama_cpp import GGML_TYPES, gguf_block_weights, write_tensor_types  # noqa: E402
 from interp.quant.prescribe import choose_options  # noqa: E402
+from interp.quant.shapes import WeightShape  # noqa: E402
 from interp.report.confirm import fresh_examples  # noqa: E402
 from interp.runtime.scoring import model_logits  # noqa: E402
 from interp.stats import crossed_bootstrap  # noqa: E402
@@ -184,10 +185,10 @@ def phase_plans(run: Path, binary: Path, files: dict[str, Path], reg: dict[str, 
             slack = 0
             while not path.exists():
                 types = plan_types(s, shapes, capacity - slack, reg["candidate_types"])
-                text = "\n".join(f"{gguf_name(layer, role).replace('.', chr(92) + '.')}={t}"
-                                 for (layer, role), t in sorted(types.items())) + "\n"
                 type_file = run / f"{name}.txt"
-                type_file.write_text(text)
+                order = sorted(types)
+                write_tensor_types(type_file, [WeightShape(layer, role, *shapes[layer, role]) for layer, role in order],
+                                   {f"{layer}.{role}": types[layer, role] for layer, role in order})
                 quantize(binary, files["reference"], path, size, "--tensor-type-file", str(type_file))
                 if path.stat().st_size > limit:  # alignment padding: take the excess off the capacity and redo
                     slack += path.stat().st_size - limit
