@@ -182,3 +182,19 @@ def test_analysis_of_an_unfinished_run_is_a_clear_error_and_writes_nothing(tmp_p
         confirm._Folder(out).read("norms")
     assert not list((out / "localize").iterdir())
     assert p.n == 40
+
+
+def test_the_documented_command_matches_registration_2(tmp_path):
+    """``python -m interp.report.confirm`` (the command docs/reproduction.md shows) computes the same fingerprint as
+    an import: under ``-m`` the module runs as ``__main__``, whose function names would otherwise enter the hash and
+    refuse every registration. On an empty folder it stops with the project's own error, creating nothing."""
+    import subprocess
+    import sys
+
+    prereg = confirm.PREREG_DIR / "smollm2-confirmatory-2.json"
+    done = subprocess.run([sys.executable, "-m", "interp.report.confirm", str(prereg), "--out", str(tmp_path / "run"),
+                           "--analyse-only"], capture_output=True, text=True, timeout=300, cwd=confirm.REPO)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout.startswith("error: ") and "holds no run" in done.stdout and "Traceback" not in done.stderr
+    assert "changed after pre-registration" not in done.stdout
+    assert not (tmp_path / "run").exists()

@@ -736,9 +736,16 @@ def main(argv: list[str] | None = None) -> int:
         p = Preregistration.load(args.prereg)
         if not args.analyse_only:
             run(p, args.out, progress=True)
+        elif not (Path(args.out) / "examples.json").is_file():
+            raise InterpError(f"{args.out} holds no run of {p.name} (no examples.json): run it first, without "
+                              "--analyse-only.")
         result = analyse(p, args.out)
     except InterpError as exc:
         print(f"error: {exc}")
+        return 2
+    except FileNotFoundError as exc:
+        print(f"error: the run in {args.out} is incomplete ({exc.filename} is missing): run it again without "
+              "--analyse-only to resume.")
         return 2
     if args.write:
         write_results(result, args.write, raw_from=args.out)
@@ -747,4 +754,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Run the imported module's main, not this copy's: under ``python -m`` the functions defined here belong to
+    # ``__main__``, and their qualified names enter the fingerprint, which would then never match a registration.
+    from interp.report.confirm import main as _imported_main
+
+    raise SystemExit(_imported_main())
