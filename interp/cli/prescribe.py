@@ -116,3 +116,36 @@ def _llama_cpp(args: argparse.Namespace, model: object, calibration: object, sta
           f"{plan.ends[0]:.4f} and {plan.ends[1]:.4f}; llama.cpp's own mixes here: {mixes}), "
           f"{time.time() - start:.0f} s. Saved {path}: llama-quantize --tensor-type-file {path} ...")
     return 0
+
+
+def _imatrix_args(p: argparse.ArgumentParser) -> None:
+    add_model_data(p, n=128, seq_len=128)
+    p.add_argument("--threads", type=int_at_least(1), default=None, help="torch CPU threads")
+    p.add_argument("--out", default="reports/imatrix", help="output folder (imatrix.gguf, imatrix.csv)")
+    add_checks(p, check_out)
+
+
+@command("imatrix", "llama.cpp's importance matrix (imatrix.gguf for llama-quantize --imatrix) from calibration "
+         "examples", _imatrix_args)
+def cmd_imatrix(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from interp.cli.common import load_model_and_examples
+    from interp.quant.imatrix import importance_matrix, write_imatrix
+
+    set_threads(args)
+    start = time.time()
+    model, calibration = load_model_and_examples(args, split="calibration")
+    matrix = importance_matrix(model, calibration, batch_size=args.batch_size, progress=not args.quiet and None,
+                               datasets=(str(args.data),))
+    out = Path(args.out)
+    path = write_imatrix(matrix, out / "imatrix.gguf")
+    from interp.io import write_file
+
+    table = matrix.table()
+    write_file(out / "imatrix.csv", lambda tmp: table.to_csv(tmp, index=False))
+    top = table.sort_values("max_over_mean", ascending=False).iloc[0]
+    print(f"{len(table)} weights, {matrix.tokens} tokens ({matrix.chunk_count} chunks of {matrix.chunk_size}), "
+          f"{time.time() - start:.0f} s; most uneven input: {top.tensor} (largest channel {top.max_over_mean:.0f}x "
+          f"the mean). Saved {path}: llama-quantize --imatrix {path} ...")
+    return 0
