@@ -16,6 +16,10 @@ Follows ``docs/preregistration/llama-cpp-plans-2.json`` (read here, never edited
 
 Every phase writes its result as it finishes, so a killed run resumes where it stopped.
 
+A registration with an ``imatrix`` entry (``llama-cpp-plans-4``) takes another path
+(:func:`main_imatrix`): ``interp imatrix``'s matrix of the calibration split, and every file,
+mixes and registration 3's unchanged plans, made by ``llama-quantize --imatrix`` with it.
+
     LLAMA_CPP_BIN=/path/to/build/bin PYTHONPATH=/path/with/llama_cpp \
         python benchmarks/llama_cpp_plans.py --registration llama-cpp-plans-3
 
@@ -379,6 +383,97 @@ def share(source: Path, run: Path) -> None:
             os.link(source / name, target)
 
 
+def calibration_rows(model: Any, reg: dict[str, Any]) -> Any:
+    """Every calibration seed's examples in one set (the registered importance matrix's tokens)."""
+    cal = reg["calibration"]
+    parts = [load_examples(cal["data"], model.tokenizer, n=cal["n"], seq_len=cal["seq_len"], seed=seed,
+                           split=cal["split"]) for seed in cal["seeds"]]
+    return interp.Examples.from_tokens(torch.cat([p.tokens for p in parts]), ids=[i for p in parts for i in p.ids])
+
+
+def paired(withs: list[pd.DataFrame], withouts: list[pd.DataFrame], n_boot: int) -> dict[str, Any]:
+    """1 - mean KL(with) / mean KL(without), each instance paired with its own file, examples shared."""
+    pairs = list(zip(withs, withouts, strict=True))
+
+    def statistic(pair: tuple[pd.DataFrame, pd.DataFrame], rows: np.ndarray) -> np.ndarray:
+        a, b = pair[0]["kl"].to_numpy()[rows], pair[1]["kl"].to_numpy()[rows]
+        return 1 - a.mean(-1) / b.mean(-1)
+
+    result = crossed_bootstrap(pairs, statistic, len(withs[0]), n_boot=n_boot, seed=0)
+    est = result.estimate
+    return {"estimate": est.value, "low": est.low, "high": est.high, "per_instance": list(result.per_instance),
+            "instances": len(pairs), "mean_kl_with": [float(a.kl.mean()) for a in withs],
+            "mean_kl_without": [float(b.kl.mean()) for b in withouts]}
+
+
+def main_imatrix(reg: dict[str, Any], sha: str, run: Path, binary: Path, shared: Path | None, write: bool) -> None:
+    """Registration 4: the same imatrix (interp's, from the calibration split) for the mixes and the plans."""
+    from interp.models import _bundled_gguf
+    from interp.quant.imatrix import importance_matrix, write_imatrix
+
+    gguf_dir = run / "gguf"
+    gguf_dir.mkdir(parents=True, exist_ok=True)
+    ref = gguf_dir / "ref-f32.gguf"
+    if shared is not None and (shared / "gguf" / "ref-f32.gguf").exists() and not ref.exists():
+        os.link(shared / "gguf" / "ref-f32.gguf", ref)
+    quantize(binary, _bundled_gguf(reg["model"]), ref, "F32", "--allow-requantize")
+    model = interp.load_model(reg["model"])
+    held = reg["heldout"]
+    rows = fresh_examples(model.tokenizer, held["data"], held["n"], held["seq_len"], held["seed"],
+                          held["exclude_seq_lens"], held["exclude_prefix"], held["exclude_preregistrations"])
+    cal = calibration_rows(model, reg)
+    overlap = set(rows.ids) & set(cal.ids)
+    if overlap:
+        raise SystemExit(f"{len(overlap)} held-out documents are also calibration documents")
+    imatrix = run / "imatrix.gguf"
+    if not imatrix.exists():
+        start = time.perf_counter()
+        matrix = importance_matrix(model, cal, progress=False, datasets=("wiki calibration split, seeds "
+                                   + ",".join(str(s) for s in reg["calibration"]["seeds"]),))
+        write_imatrix(matrix, imatrix)
+        write_json(run / "imatrix.json", {"seconds": time.perf_counter() - start, "tokens": matrix.tokens})
+        log(f"importance matrix of {matrix.tokens} tokens")
+    del model
+    flag = ("--imatrix", str(imatrix))
+    files = {"reference": ref}
+    for mix in MIXES:
+        files[mix] = gguf_dir / f"{mix}.gguf"
+        quantize(binary, ref, files[mix], mix, *flag)
+    source = DATA / reg["companion_of"]
+    seeds = reg["calibration"]["seeds"]
+    for size in reg["sizes"]:
+        for seed in seeds:
+            name = f"plan-{size}-{seed}"
+            files[name] = gguf_dir / f"{name}.gguf"
+            quantize(binary, ref, files[name], size, *flag, "--tensor-type-file", str(source / f"{name}.txt"))
+            log(f"{name}: {files[name].stat().st_size} bytes (mix {files[size].stat().st_size})")
+    scored = [*MIXES, *(n for n in files if n.startswith("plan-"))]
+    log(f"llama.cpp scoring of {len(scored)} files on {len(rows)} held-out examples")
+    score_llama_cpp(run, files, rows.tokens, scored, binary)
+    scores = {p.stem: pd.read_parquet(p) for p in (run / "scores").glob("*.parquet")}
+    before = {p.stem: pd.read_parquet(p) for p in source.glob("*.parquet") if p.stem != "interp-loader"}
+    verdicts = {size: compare(scores[size], [scores[f"plan-{size}-{seed}"] for seed in seeds], reg["n_boot"])
+                for size in reg["sizes"]}
+    equal_size = {size: all(b <= v["bytes"]["mix"] for b in v["bytes"]["plans"]) for size, v in verdicts.items()}
+    effect = {"mix": {m: paired([scores[m]], [before[m]], reg["n_boot"]) for m in MIXES},
+              "plans": {size: paired([scores[f"plan-{size}-{s}"] for s in seeds],
+                                     [before[f"plan-{size}-{s}"] for s in seeds], reg["n_boot"])
+                        for size in reg["sizes"]}}
+    files_table = [{"file": n, "bytes": int(f.bytes.iloc[0]), "mean_kl": float(f.kl.mean()),
+                    "mean_nll_increase": float((f.nll - f.ref_nll).mean())} for n, f in sorted(scores.items())]
+    result = {"registration": reg["name"], "registration_sha256": sha, "verdicts": verdicts,
+              "equal_size": equal_size, "imatrix_effect": effect, "files": files_table, "heldout_ids": rows.ids,
+              "imatrix": json.loads((run / "imatrix.json").read_text()), "environment": environment()}
+    write_json(run / "result.json", sanitize(result))
+    if write:
+        out = DATA / reg["name"]
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "result.json", sanitize(result))
+        for p in [*(run / "scores").glob("*.parquet"), imatrix]:
+            (out / p.name).write_bytes(p.read_bytes())
+    log(json.dumps(sanitize(verdicts), indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--registration", default="llama-cpp-plans-3", help="a file of docs/preregistration")
@@ -393,6 +488,9 @@ def main() -> None:
     reg, sha = registration(args.registration)
     run = Path(args.run or f"runs/{args.registration}")
     run.mkdir(parents=True, exist_ok=True)
+    if "imatrix" in reg:
+        main_imatrix(reg, sha, run, binary, Path(args.shared) if args.shared else None, not args.no_write)
+        return
     if args.shared:
         share(Path(args.shared), run)
     files = phase_files(run, binary, reg)

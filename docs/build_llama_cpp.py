@@ -18,7 +18,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "prescribe.md"
 DATA = ROOT / "docs" / "data" / "prescribe" / "llama-cpp"
-REGISTRATIONS = {"plans2": "llama-cpp-plans-2", "plans3": "llama-cpp-plans-3"}  # block prefix -> registration
+REGISTRATIONS = {"plans2": "llama-cpp-plans-2", "plans3": "llama-cpp-plans-3",  # block prefix -> registration
+                 "plans4": "llama-cpp-plans-4"}
 
 
 def _pct(x: float) -> str:
@@ -82,8 +83,27 @@ def loader_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def imatrix_table(result: dict[str, Any]) -> str:
+    """What the importance matrix does to each file: registration 4's scores against registration 3's."""
+    effect = result["imatrix_effect"]
+    lines = ["| file | mean KL without imatrix | mean KL with interp's imatrix | KL reduction [95% CI] | instances |",
+             "|---|---|---|---|---:|"]
+    rows = [(mix, e) for mix, e in effect["mix"].items()] + [(f"plans at {size}", e) for size, e in
+                                                              effect["plans"].items()]
+    for name, e in rows:
+        without = ", ".join(f"{x:.5f}" for x in e["mean_kl_without"])
+        with_ = ", ".join(f"{x:.5f}" for x in e["mean_kl_with"])
+        lines.append(f"| {name} | {without} | {with_} | {_interval(e)} | {e['instances']} |")
+    seconds = result["imatrix"]["seconds"]
+    lines.append(f"\nThe importance matrix: {result['imatrix']['tokens']} calibration tokens, {seconds:.0f} s "
+                 "(interp imatrix, 2 threads).")
+    return "\n".join(lines)
+
+
 BLOCKS = {"verdicts": verdict_table, "additivity": additivity_table, "reliability": reliability_table,
-          "loader": loader_table}
+          "loader": loader_table, "imatrix": imatrix_table}
+NEEDS = {"verdicts": "verdicts", "additivity": "additivity", "reliability": "reliability",
+         "loader": "loader_agreement", "imatrix": "imatrix_effect"}  # the result key each block renders
 
 
 def results() -> dict[str, dict[str, Any]]:
@@ -100,6 +120,8 @@ def render(page: str, data: dict[str, dict[str, Any]] | None = None) -> str:
     data = results() if data is None else data
     for prefix, result in data.items():
         for kind, build in BLOCKS.items():
+            if NEEDS[kind] not in result:
+                continue
             name = f"{prefix}_{kind}"
             block = f"<!-- {name}:begin -->\n{build(result)}\n<!-- {name}:end -->"
             page = re.sub(rf"<!-- {name}:begin -->.*?<!-- {name}:end -->", lambda _, text=block: text, page,
@@ -114,13 +136,21 @@ def pareto(data: dict[str, dict[str, Any]]) -> Any:
     from interp.figures.style import styled
 
     fig = go.Figure()
-    mixes = {row["file"]: row for result in data.values() for row in result["additivity"]
+    mixes = {row["file"]: row for result in data.values() for row in result.get("additivity", [])
              if not row["file"].startswith("plan-")}
     fig.add_trace(go.Scatter(x=[r["bytes"] / 1e6 for r in mixes.values()], y=[r["realized_kl"] for r in mixes.values()],
                              mode="markers+text", text=list(mixes), textposition="top left", name="llama.cpp mixes",
                              marker=dict(size=11, symbol="diamond")))
+    with_imatrix = [row for result in data.values() for row in result.get("files", [])
+                    if not row["file"].startswith("plan-")]
+    if with_imatrix:
+        fig.add_trace(go.Scatter(x=[r["bytes"] / 1e6 for r in with_imatrix], y=[r["mean_kl"] for r in with_imatrix],
+                                 mode="markers+text", text=[f"{r['file']}+imatrix" for r in with_imatrix],
+                                 textposition="bottom right", name="llama.cpp mixes with interp's imatrix",
+                                 marker=dict(size=11, symbol="diamond-open")))
     labels = {"plans2": "interp plan, every legacy type (registration 2)",
-              "plans3": "interp plan, Q4_1 excluded (registration 3)"}
+              "plans3": "interp plan, Q4_1 excluded (registration 3)",
+              "plans4": "registration 3's plans with interp's imatrix (registration 4)"}
     for prefix, result in data.items():
         points = sorted((sum(v["bytes"]["plans"]) / len(v["bytes"]["plans"]) / 1e6,
                          sum(v["mean_kl"]["plans"]) / len(v["mean_kl"]["plans"])) for v in result["verdicts"].values())

@@ -253,6 +253,7 @@ CASES = [
     Case("output path", "probe --out /proc/interp-out", "/proc/interp-out"),
     Case("output path", "probe --out {d}/afile", "afile"),
     Case("output path", "report --out {d}/afile", "afile"),
+    Case("output path", "imatrix --out {d}/afile", "afile"),
     Case("output path", "report --screenshot /proc/nowhere/shot.png", "screenshot"),
     Case("output path", "quantize --method rtn:bits=3 --out /proc/q", "/proc/q"),
     Case("output path", "train-saobp --out {d}/afile", "afile"),

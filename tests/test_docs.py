@@ -244,6 +244,17 @@ def test_llama_cpp_verdicts_recompute_from_the_committed_per_example_scores():
             assert len(mix) == reg["heldout"]["n"] and all(len(p) == len(mix) for p in plans)
             again = json.loads(json.dumps(bench.compare(mix, plans, reg["n_boot"])))
             _assert_same(again, result["verdicts"][size])
+        if "imatrix_effect" in result:  # registration 4: each file against its registration-3 twin (no imatrix)
+            before = builder.DATA / reg["companion_of"]
+            seeds = reg["calibration"]["seeds"]
+            effect = result["imatrix_effect"]
+            groups = {"mix": {mix: [mix] for mix in effect["mix"]},
+                      "plans": {size: [f"plan-{size}-{s}" for s in seeds] for size in effect["plans"]}}
+            for group, entries in groups.items():
+                for key, names in entries.items():
+                    again = bench.paired([pd.read_parquet(folder / f"{n}.parquet") for n in names],
+                                         [pd.read_parquet(before / f"{n}.parquet") for n in names], reg["n_boot"])
+                    _assert_same(json.loads(json.dumps(again)), effect[group][key])
 
 
 def _assert_same(got, want):
