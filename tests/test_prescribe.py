@@ -470,3 +470,42 @@ def test_fisher_plan_finds_the_type_a_reference_is_already_stored_in(rows):
     cheaper = prescribe_llama_cpp(model, 4.8, rows, widths=(4, 5, 8), chunks=1, batch_size=5, progress=False,
                                   score="fisher")
     assert cheaper.achieved <= 4.8 and cheaper.estimated_loss > 0 and "q4_0" in cheaper.types.values()
+
+
+def test_tail_allocation_against_enumeration():
+    """choose_options_tail on random small instances, against every combination enumerated: the plan fits, its
+    tail loss never exceeds the mean-optimal plan's, equals the enumerated minimum on most instances, and its
+    first history entry is the mean-optimal plan's tail loss (recomputed by a sort)."""
+    from interp.quant.prescribe import choose_options, choose_options_tail, tail_loss
+
+    rng = np.random.default_rng(11)
+    exact = strictly_better = 0
+    for _ in range(40):
+        items, examples = 5, 20
+        options = [int(rng.integers(2, 4)) for _ in range(items)]
+        costs = [sorted(rng.integers(1, 6, size=n).tolist()) for n in options]
+        # cheaper options lose more on average, and each example is hurt by different items
+        losses = [np.stack([rng.gamma(1.0, 1.0, examples) * (n - o) for o in range(n)]) for n in options]
+        capacity = int(sum(c[0] for c in costs) + rng.integers(2, 8))
+
+        def naive_tail(plan, losses=losses):
+            total = sum(losses[i][o] for i, o in enumerate(plan))
+            return float(np.sort(total)[-2:].mean())  # 10% of 20 examples: the worst 2
+
+        fits = [p for p in itertools.product(*[range(n) for n in options])
+                if sum(costs[i][o] for i, o in enumerate(p)) <= capacity]
+        best_possible = min(naive_tail(p) for p in fits)
+        plan, history = choose_options_tail(losses, costs, capacity, share=0.1)
+        mean_plan = choose_options([t.mean(axis=1).tolist() for t in losses], costs, capacity)
+        assert sum(costs[i][o] for i, o in enumerate(plan)) <= capacity
+        assert naive_tail(plan) == pytest.approx(min(history), rel=1e-12)
+        assert history[0] == pytest.approx(naive_tail(mean_plan), rel=1e-12)
+        assert naive_tail(plan) <= naive_tail(mean_plan) + 1e-12
+        assert naive_tail(plan) >= best_possible - 1e-12
+        exact += naive_tail(plan) <= best_possible + 1e-12
+        strictly_better += naive_tail(plan) < naive_tail(mean_plan) - 1e-12
+    assert strictly_better >= 5  # the tail objective changes the plan on these instances
+    assert exact >= 30, exact  # a local method, but it finds the enumerated optimum on most
+    assert tail_loss([1.0, 5.0, 2.0, 9.0], share=0.5) == 7.0
+    with pytest.raises(SpecError, match="examples"):
+        choose_options_tail([np.ones((2, 3)), np.ones((2, 4))], [[1, 2], [1, 2]], 4)

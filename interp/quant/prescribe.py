@@ -216,6 +216,69 @@ def choose_options(losses: Sequence[Sequence[float]], costs: Sequence[Sequence[i
     return out[::-1]
 
 
+def tail_loss(per_example: Any, share: float = 0.1) -> float:
+    """The mean of the largest ``share`` of per-example losses (at least one): the CVaR at ``1 - share``."""
+    import numpy as np
+
+    values = np.sort(np.asarray(per_example, dtype=np.float64))
+    k = max(1, int(round(share * values.size)))
+    return float(values[-k:].mean())
+
+
+def choose_options_tail(losses: Any, costs: Sequence[Sequence[int]], capacity: int, share: float = 0.1,
+                        unit: int = 1, rounds: int = 50) -> tuple[list[int], list[float]]:
+    """One option per item minimizing the predicted loss of the worst ``share`` of examples, within ``capacity``.
+
+    A plan's predicted loss on example ``e`` is the sum over items of its chosen option's loss on
+    ``e``; the objective is the mean over the examples where that sum is largest
+    (:func:`tail_loss`). That is the largest mean loss over any ``share`` of the examples, a game
+    between the plan and an adversary who picks the examples, so no single knapsack solves it.
+    This plays the game by fictitious play: start from the plan of least mean loss; each round the
+    adversary's answer is the current plan's worst examples, the examples are weighted by how often
+    they were an answer so far, and the next plan is the knapsack (:func:`choose_options`) on the
+    items' losses under those weights. It returns the best plan seen over ``rounds``, so its tail
+    loss is never above the mean-optimal plan's. The exact minimum is not guaranteed: on random
+    small instances it found the enumerated optimum 34 times in 40 (tests/test_prescribe.py), where
+    re-solving for the current worst examples alone found it 20 times.
+
+    Args:
+        losses: ``[items][options][examples]`` (a list per item of ``[options, examples]`` arrays;
+            items may have different option counts).
+        costs, capacity, unit: as for :func:`choose_options`.
+        share: the worst share of examples the objective averages (0.1: the worst 10%).
+        rounds: how many answers the adversary gives.
+
+    Returns:
+        The chosen option per item, and the tail loss of each plan visited (the first is the
+        mean-optimal plan's).
+    """
+    import numpy as np
+
+    tables = [np.asarray(item, dtype=np.float64) for item in losses]
+    if not tables or any(t.ndim != 2 for t in tables) or len({t.shape[1] for t in tables}) != 1:
+        raise SpecError("losses must be [items][options][examples], every item with the same examples")
+    if not 0 < share <= 1:
+        raise SpecError(f"share must be in (0, 1], got {share}")
+    n_examples = tables[0].shape[1]
+    k = max(1, int(round(share * n_examples)))
+
+    def per_example(plan: list[int]) -> np.ndarray:
+        return np.sum([t[o] for t, o in zip(tables, plan, strict=True)], axis=0)
+
+    plan = choose_options([t.mean(axis=1).tolist() for t in tables], costs, capacity, unit)
+    best, history = plan, [tail_loss(per_example(plan), share)]
+    weights = np.zeros(n_examples)
+    for played in range(rounds):
+        answer = np.zeros(n_examples)
+        answer[np.argsort(per_example(plan), kind="stable")[-k:]] = 1 / k
+        weights = (weights * played + answer) / (played + 1)
+        plan = choose_options([(t @ weights).tolist() for t in tables], costs, capacity, unit)
+        history.append(tail_loss(per_example(plan), share))
+        if history[-1] < min(history[:-1]):
+            best = plan
+    return best, history
+
+
 # ---------------------------------------------------------------------------------------
 # Plans
 
