@@ -114,7 +114,8 @@ def phase_files(run: Path, binary: Path, reg: dict[str, Any]) -> dict[str, Path]
     return files
 
 
-def phase_sensitivity(run: Path, files: dict[str, Path], reg: dict[str, Any], model: Any) -> dict[int, Any]:
+def phase_sensitivity(run: Path, files: dict[str, Path], reg: dict[str, Any], model: Any, chunks: int = 8
+                      ) -> dict[int, Any]:
     from safetensors.numpy import load_file, save_file
 
     cal = reg["calibration"]
@@ -138,7 +139,7 @@ def phase_sensitivity(run: Path, files: dict[str, Path], reg: dict[str, Any], mo
                 return found
 
             log(f"Fisher sensitivity, calibration seed {seed}")
-            result = fisher_sensitivity(model, rows, options, chunks=8, batch_size=8, seed=seed, progress=False)
+            result = fisher_sensitivity(model, rows, options, chunks=chunks, batch_size=8, seed=seed, progress=False)
             meta = {"layers": result.layers, "roles": result.roles, "options": result.options,
                     "settings": result.settings, "ids": rows.ids}
             save_file({"per_chunk": result.per_chunk, "tokens": result.tokens}, str(path.with_suffix(".tmp")))
@@ -391,12 +392,17 @@ def calibration_rows(model: Any, reg: dict[str, Any]) -> Any:
     return interp.Examples.from_tokens(torch.cat([p.tokens for p in parts]), ids=[i for p in parts for i in p.ids])
 
 
-def paired(withs: list[pd.DataFrame], withouts: list[pd.DataFrame], n_boot: int) -> dict[str, Any]:
-    """1 - mean KL(with) / mean KL(without), each instance paired with its own file, examples shared."""
+def paired(withs: list[pd.DataFrame], withouts: list[pd.DataFrame], n_boot: int, tail: bool = False
+           ) -> dict[str, Any]:
+    """1 - mean KL(with) / mean KL(without), each instance paired with its own file, examples shared (with
+    ``tail``: each file's mean over its own worst 10%)."""
     pairs = list(zip(withs, withouts, strict=True))
 
     def statistic(pair: tuple[pd.DataFrame, pd.DataFrame], rows: np.ndarray) -> np.ndarray:
         a, b = pair[0]["kl"].to_numpy()[rows], pair[1]["kl"].to_numpy()[rows]
+        if tail:
+            k = max(1, int(round(0.1 * rows.shape[-1])))
+            a, b = np.sort(a, -1)[..., -k:], np.sort(b, -1)[..., -k:]
         return 1 - a.mean(-1) / b.mean(-1)
 
     result = crossed_bootstrap(pairs, statistic, len(withs[0]), n_boot=n_boot, seed=0)
@@ -404,6 +410,104 @@ def paired(withs: list[pd.DataFrame], withouts: list[pd.DataFrame], n_boot: int)
     return {"estimate": est.value, "low": est.low, "high": est.high, "per_instance": list(result.per_instance),
             "instances": len(pairs), "mean_kl_with": [float(a.kl.mean()) for a in withs],
             "mean_kl_without": [float(b.kl.mean()) for b in withouts]}
+
+
+def tail_kl(frame: pd.DataFrame) -> float:
+    """A file's mean KL over its own worst 10% of the held-out examples."""
+    values = np.sort(frame.kl.to_numpy())
+    return float(values[-max(1, int(round(0.1 * values.size))):].mean())
+
+
+def main_tail(reg: dict[str, Any], sha: str, run: Path, binary: Path, shared: Path | None, write: bool) -> None:
+    """Registration 5: plans minimizing the predicted worst-10% KL of the calibration examples."""
+    from interp.quant.prescribe import choose_options_tail, tail_loss
+
+    if shared is not None:  # the reference, pure-type and mix files and the mixes' scores (not the sensitivities)
+        for pattern in ("gguf/ref-f32.gguf", "gguf/Q*.gguf", "gguf/pure-*.gguf", *(f"scores/{m}.parquet"
+                                                                                     for m in MIXES)):
+            for source in shared.glob(pattern):
+                target = run / source.relative_to(shared)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if not target.exists():
+                    os.link(source, target)
+    files = phase_files(run, binary, reg)
+    model = interp.load_model(reg["model"])
+    held = reg["heldout"]
+    rows = fresh_examples(model.tokenizer, held["data"], held["n"], held["seq_len"], held["seed"],
+                          held["exclude_seq_lens"], held["exclude_prefix"], held["exclude_preregistrations"])
+    sens = phase_sensitivity(run, files, reg, model, chunks=reg["calibration"]["n"])  # one example per chunk
+    if set(rows.ids) & {i for s in sens.values() for i in s["ids"]}:
+        raise SystemExit("held-out documents are also calibration documents")
+    del model
+    shapes = {key: value.shape for key, (_, value) in gguf_block_weights(files["reference"]).items()}
+    source = DATA / reg["companion_of"]
+    predicted_tail: dict[str, Any] = {}
+    for size in reg["sizes"]:
+        limit, capacity = files[size].stat().st_size, block_bytes(files[size])
+        for seed, s in sens.items():
+            name = f"plan-{size}-{seed}"
+            path, slack = run / "gguf" / f"{name}.gguf", 0
+            per_example = s["per_chunk"] / s["tokens"]  # [weights, options, examples]: each example's mean
+            keys, losses, costs, allowed = [], [], [], []
+            for w, (layer, role, opts) in enumerate(zip(s["layers"], s["roles"], s["options"], strict=True)):
+                keep = [o for o, t in enumerate(opts) if t in reg["candidate_types"]]
+                keys.append((layer, role))
+                allowed.append([opts[o] for o in keep])
+                losses.append(per_example[w, keep])
+                costs.append([tensor_cost(opts[o], *shapes[layer, role]) for o in keep])
+            while True:
+                choice, history = choose_options_tail(losses, costs, capacity - slack, share=0.1, rounds=50,
+                                                      unit=max(1, (capacity - slack) // 50000))
+                types = {key: allowed[w][o] for w, (key, o) in enumerate(zip(keys, choice, strict=True))}
+                order = sorted(types)
+                type_file = run / f"{name}.txt"
+                write_tensor_types(type_file, [WeightShape(layer, role, *shapes[layer, role]) for layer, role in order],
+                                   {f"{layer}.{role}": types[layer, role] for layer, role in order})
+                quantize(binary, files["reference"], path, size, "--tensor-type-file", str(type_file))
+                if path.stat().st_size <= limit:
+                    break
+                slack += path.stat().st_size - limit
+                path.unlink()
+                log(f"{name} was {slack} bytes over; again with less")
+            files[name] = path
+            mean_plan = (source / f"{name}.txt").read_text() == type_file.read_text()
+            totals = np.sum([losses[w][o] for w, o in enumerate(choice)], axis=0)
+            predicted_tail[name] = {"tail_mean_optimal": history[0], "tail_chosen": min(history),
+                                    "mean_chosen": float(totals.mean()), "rounds": len(history) - 1,
+                                    "tail_check": tail_loss(totals, 0.1),
+                                    "same_types_as_registration_3": mean_plan}
+            log(f"{name}: {path.stat().st_size} bytes (mix {limit}); predicted tail {history[0]:.4f} -> "
+                f"{min(history):.4f}")
+    plans = [n for n in files if n.startswith("plan-")]
+    log(f"llama.cpp scoring of {len(plans)} files on {len(rows)} held-out examples")
+    score_llama_cpp(run, files, rows.tokens, plans, binary)
+    scores = {p.stem: pd.read_parquet(p) for p in (run / "scores").glob("*.parquet")}
+    mean_plans = {p.stem: pd.read_parquet(p) for p in source.glob("plan-*.parquet")}
+    seeds = reg["calibration"]["seeds"]
+    verdicts, tail_verdicts, against_mean = {}, {}, {}
+    for size in reg["sizes"]:
+        tails = [scores[f"plan-{size}-{seed}"] for seed in seeds]
+        means = [mean_plans[f"plan-{size}-{seed}"] for seed in seeds]
+        verdicts[size] = compare(scores[size], tails, reg["n_boot"])
+        tail = verdicts[size]["tail"]  # the registered primary here: the worst-10% reduction
+        tail_verdicts[size] = {"verdict": judge(tail["low"], tail["high"]), "tail_kl_mix": tail_kl(scores[size]),
+                               "tail_kl_plans": [tail_kl(t) for t in tails]}
+        against_mean[size] = {"tail": paired(tails, means, reg["n_boot"], tail=True),
+                              "mean": paired(tails, means, reg["n_boot"]),
+                              "tail_kl_mean_plans": [tail_kl(m) for m in means]}
+    result = {"registration": reg["name"], "registration_sha256": sha, "verdicts": verdicts,
+              "tail_verdicts": tail_verdicts, "against_mean_plans": against_mean, "predicted": predicted_tail,
+              "heldout_ids": rows.ids,
+              "sensitivity_seconds": {str(k): v["settings"]["seconds"] for k, v in sens.items()},
+              "environment": environment()}
+    write_json(run / "result.json", sanitize(result))
+    if write:
+        out = DATA / reg["name"]
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "result.json", sanitize(result))
+        for p in [*(run / "scores").glob("*.parquet"), *run.glob("plan-*.txt"), *run.glob("sensitivity-*")]:
+            (out / p.name).write_bytes(p.read_bytes())
+    log(json.dumps(sanitize({"tail": tail_verdicts, "against_mean_plans": against_mean}), indent=1))
 
 
 def main_imatrix(reg: dict[str, Any], sha: str, run: Path, binary: Path, shared: Path | None, write: bool) -> None:
@@ -490,6 +594,9 @@ def main() -> None:
     run.mkdir(parents=True, exist_ok=True)
     if "imatrix" in reg:
         main_imatrix(reg, sha, run, binary, Path(args.shared) if args.shared else None, not args.no_write)
+        return
+    if "choose_options_tail" in reg["allocation"]:
+        main_tail(reg, sha, run, binary, Path(args.shared) if args.shared else None, not args.no_write)
         return
     if args.shared:
         share(Path(args.shared), run)

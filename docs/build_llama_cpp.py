@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "prescribe.md"
 DATA = ROOT / "docs" / "data" / "prescribe" / "llama-cpp"
 REGISTRATIONS = {"plans2": "llama-cpp-plans-2", "plans3": "llama-cpp-plans-3",  # block prefix -> registration
-                 "plans4": "llama-cpp-plans-4"}
+                 "plans4": "llama-cpp-plans-4", "plans5": "llama-cpp-plans-5"}
 
 
 def _pct(x: float) -> str:
@@ -100,10 +100,30 @@ def imatrix_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def tail_table(result: dict[str, Any]) -> str:
+    """Registration 5: the tail plans against the mix (the registered primary) and against the mean plans."""
+    lines = ["| size | worst-10% KL: mix | mean plans (reg. 3) | tail plans | tail plans vs mix, worst-10% KL "
+             "reduction [95% CI] | verdict | tail vs mean plans, worst-10% KL [95% CI] | tail vs mean plans, mean KL "
+             "(negative: the cost) [95% CI] |", "|---|---:|---|---|---|---|---|---|"]
+    for size, v in result["verdicts"].items():
+        m, t = result["against_mean_plans"][size], result["tail_verdicts"][size]
+        lines.append(f"| {size} | {t['tail_kl_mix']:.5f} | "
+                     f"{', '.join(f'{x:.5f}' for x in m['tail_kl_mean_plans'])} | "
+                     f"{', '.join(f'{x:.5f}' for x in t['tail_kl_plans'])} | {_interval(v['tail'])} | "
+                     f"**{t['verdict']}** | {_interval(m['tail'])} | {_interval(m['mean'])} |")
+    lines += ["", "| plan | predicted worst-10% KL (calibration): mean-optimal | chosen | predicted mean KL, chosen | "
+              "rounds | types equal to registration 3's plan |", "|---|---:|---:|---:|---:|---|"]
+    for name, p in result["predicted"].items():
+        lines.append(f"| {name} | {p['tail_mean_optimal']:.5f} | {p['tail_chosen']:.5f} | {p['mean_chosen']:.5f} | "
+                     f"{p['rounds']} | {'yes' if p['same_types_as_registration_3'] else 'no'} |")
+    return "\n".join(lines)
+
+
 BLOCKS = {"verdicts": verdict_table, "additivity": additivity_table, "reliability": reliability_table,
-          "loader": loader_table, "imatrix": imatrix_table}
+          "loader": loader_table, "imatrix": imatrix_table, "tail": tail_table}
+# the result key each block renders
 NEEDS = {"verdicts": "verdicts", "additivity": "additivity", "reliability": "reliability",
-         "loader": "loader_agreement", "imatrix": "imatrix_effect"}  # the result key each block renders
+         "loader": "loader_agreement", "imatrix": "imatrix_effect", "tail": "against_mean_plans"}
 
 
 def results() -> dict[str, dict[str, Any]]:
@@ -150,7 +170,8 @@ def pareto(data: dict[str, dict[str, Any]]) -> Any:
                                  marker=dict(size=11, symbol="diamond-open")))
     labels = {"plans2": "interp plan, every legacy type (registration 2)",
               "plans3": "interp plan, Q4_1 excluded (registration 3)",
-              "plans4": "registration 3's plans with interp's imatrix (registration 4)"}
+              "plans4": "registration 3's plans with interp's imatrix (registration 4)",
+              "plans5": "interp plan minimizing the worst 10% (registration 5)"}
     for prefix, result in data.items():
         points = sorted((sum(v["bytes"]["plans"]) / len(v["bytes"]["plans"]) / 1e6,
                          sum(v["mean_kl"]["plans"]) / len(v["mean_kl"]["plans"])) for v in result["verdicts"].values())

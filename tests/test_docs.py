@@ -244,6 +244,17 @@ def test_llama_cpp_verdicts_recompute_from_the_committed_per_example_scores():
             assert len(mix) == reg["heldout"]["n"] and all(len(p) == len(mix) for p in plans)
             again = json.loads(json.dumps(bench.compare(mix, plans, reg["n_boot"])))
             _assert_same(again, result["verdicts"][size])
+        if "tail_verdicts" in result:  # registration 5: the tail plans, against the mix and the mean plans
+            seeds = reg["calibration"]["seeds"]
+            before = builder.DATA / reg["companion_of"]
+            for size, t in result["tail_verdicts"].items():
+                tail = result["verdicts"][size]["tail"]
+                assert t["verdict"] == bench.judge(tail["low"], tail["high"])
+                tails = [pd.read_parquet(folder / f"plan-{size}-{s}.parquet") for s in seeds]
+                means = [pd.read_parquet(before / f"plan-{size}-{s}.parquet") for s in seeds]
+                for key, flag in (("tail", True), ("mean", False)):
+                    again = bench.paired(tails, means, reg["n_boot"], tail=flag)
+                    _assert_same(json.loads(json.dumps(again)), result["against_mean_plans"][size][key])
         if "imatrix_effect" in result:  # registration 4: each file against its registration-3 twin (no imatrix)
             before = builder.DATA / reg["companion_of"]
             seeds = reg["calibration"]["seeds"]
@@ -268,7 +279,7 @@ def _assert_same(got, want):
             _assert_same(got[key], want[key])
     elif isinstance(want, list):
         assert len(got) == len(want)
-        for a, b in zip(got, want):
+        for a, b in zip(got, want, strict=True):
             _assert_same(a, b)
     elif isinstance(want, float):
         assert got == pytest.approx(want, rel=1e-9, abs=1e-15)

@@ -36,7 +36,8 @@ def test_sums_equal_a_loop_over_every_linear_module_in_float64(model64, rows):
     handles = []
     for layer in range(hooks.n_layers(model64)):
         for role, slot in hooks.linear_weights(model64, layer).items():
-            module = next(m for m in native.modules() if isinstance(m, torch.nn.Linear) and m.weight is slot.module.weight)
+            module = next(m for m in native.modules()
+                          if isinstance(m, torch.nn.Linear) and m.weight is slot.module.weight)
 
             def pre(mod, args, name=gguf_name(layer, role)):
                 x = args[0].detach()
