@@ -118,3 +118,30 @@ def test_bad_inputs_are_clear_errors(tmp_path, tiny_llama):
     with pytest.raises(SpecError, match="empty"):
         write_imatrix(ImportanceMatrix({}, {}, 128), tmp_path / "empty.gguf")
     assert not (tmp_path / "empty.gguf").exists()
+
+
+def test_fused_weights_get_llama_cpps_fused_tensor_name(rows):
+    """GPT-2 stores q, k and v in one Conv1D (c_attn): llama.cpp has one tensor for it, attn_qkv, whose input is
+    c_attn's input (checked with a pre-hook on the module itself, in float64)."""
+    tiny_gpt2 = interp.tiny_model("gpt2", seed=0)
+    tiny_gpt2.original_model.to(torch.float64)
+    native = hooks.native_model(tiny_gpt2)
+    seen = {}
+    attn = [m for name, m in native.named_modules() if name.endswith("attn.c_attn")]
+
+    def pre(mod, args, layer):
+        seen[layer] = seen.get(layer, 0) + (args[0].detach().double() ** 2).sum((0, 1))
+
+    handles = [m.register_forward_pre_hook(lambda mod, args, i=i: pre(mod, args, i)) for i, m in enumerate(attn)]
+    try:
+        with torch.no_grad():
+            native(input_ids=rows.tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    matrix = importance_matrix(tiny_gpt2, rows, progress=False)
+    n = hooks.n_layers(tiny_gpt2)
+    assert sorted(matrix.sums) == sorted(f"blk.{i}.{t}.weight" for i in range(n)
+                                         for t in ("attn_qkv", "attn_output", "ffn_up", "ffn_down"))
+    for layer in range(n):
+        np.testing.assert_allclose(matrix.sums[f"blk.{layer}.attn_qkv.weight"], seen[layer].numpy(), rtol=1e-12)

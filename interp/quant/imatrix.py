@@ -106,12 +106,27 @@ def _order(name: str) -> tuple[int, int, str]:
     return (-1 if layer is None else layer, roles.index(role) if role in roles else len(roles), name)
 
 
+# llama.cpp's one tensor for roles a model stores fused in one module (GPT-2, GPT-NeoX, Phi-3: attn_qkv; Phi-3's
+# gate_up_proj: ffn_up, gate rows first)
+FUSED_TENSORS = {("q", "k", "v"): "attn_qkv", ("gate", "up"): "ffn_up"}
+
+
+def _tensor_names(layer: int, roles: list[str], slots: Mapping[str, Any]) -> list[str]:
+    """llama.cpp's tensor names for roles reading one input: one per role, or one for roles fused in one module."""
+    fused = tuple(roles) in FUSED_TENSORS and len({id(slots[r].module) for r in roles}) == 1
+    if fused:
+        return [f"blk.{layer}.{FUSED_TENSORS[tuple(roles)]}.weight"]
+    return [gguf_name(layer, r) for r in roles]
+
+
 def importance_matrix(model: Model, examples: Examples, batch_size: int = 8, progress: bool | None = None,
                       datasets: tuple[str, ...] = ()) -> ImportanceMatrix:
     """llama.cpp's importance matrix of ``model``'s block linear weights over every position of ``examples``.
 
     Args:
-        model: a loaded model (its block linear weights get one entry each).
+        model: a loaded model (its block linear weights get one entry each, named as llama.cpp names
+            them; roles a model stores fused in one module, like GPT-2's ``c_attn``, get the fused
+            tensor's one entry: ``attn_qkv``).
         examples: token rows of one length, unpadded (every position is counted, BOS included, as
             ``llama-imatrix`` counts every position of its chunks).
         batch_size: examples per forward pass.
@@ -139,7 +154,7 @@ def importance_matrix(model: Model, examples: Examples, batch_size: int = 8, pro
             here = [r for r in roles if r in present]
             if here:
                 fwd.append((hooks.linear_input_hook(model, layer, here[0]), adder((layer, index))))
-                names[layer, index] = [gguf_name(layer, r) for r in here]
+                names[layer, index] = _tensor_names(layer, here, present)
     device = next(model.original_model.parameters()).device
     spans = list(batches(len(examples), batch_size))
     with torch.no_grad(), model.hooks(fwd_hooks=fwd):
