@@ -165,7 +165,7 @@ def pareto(data: dict[str, dict[str, Any]]) -> Any:
                     if not row["file"].startswith("plan-")]
     if with_imatrix:
         fig.add_trace(go.Scatter(x=[r["bytes"] / 1e6 for r in with_imatrix], y=[r["mean_kl"] for r in with_imatrix],
-                                 mode="markers+text", text=[f"{r['file']}+imatrix" for r in with_imatrix],
+                                 mode="markers+text", text=[f"{r['file']} + imatrix" for r in with_imatrix],
                                  textposition="bottom right", name="llama.cpp mixes with interp's imatrix",
                                  marker=dict(size=11, symbol="diamond-open")))
     labels = {"plans2": "interp plan, every legacy type (registration 2)",
@@ -180,7 +180,10 @@ def pareto(data: dict[str, dict[str, Any]]) -> Any:
     fig = styled(fig, "SmolLM2-135M through llama.cpp: file size against held-out KL (256 examples)",
                  "GGUF file size (MB)", "mean KL from the reference (nats per token)")
     sizes = [r["bytes"] / 1e6 for r in mixes.values()]
-    fig.update_xaxes(range=[min(sizes) - 2, max(sizes) + 1.5])
+    fig.update_xaxes(range=[min(sizes) - 2, max(sizes) + 3])
+    # the legend below the axes: above them it ran into the title once there were five series
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.16, xanchor="left", x=0), height=640,
+                      margin=dict(b=170))
     fig.update_yaxes(type="log", tickvals=[0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])
     return fig
 
