@@ -29,6 +29,16 @@ FIXTURES = Path(__file__).parent / "fixtures" / "llama_cpp"
 LLAMA_FILE = FIXTURES / "smol_imatrix_8x128.gguf"
 
 
+def _forward_then_remove(native, rows, handles):
+    """One plain forward of the Hugging Face model with the test's own hooks, which are then removed."""
+    try:
+        with torch.no_grad():
+            native(input_ids=rows.tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def test_sums_equal_a_loop_over_every_linear_module_in_float64(model64, rows):
     """Each block linear module's own input, summed as x^2 per channel over every position, in float64."""
     native = hooks.native_model(model64)
@@ -48,12 +58,7 @@ def test_sums_equal_a_loop_over_every_linear_module_in_float64(model64, rows):
                 seen[name] = seen.get(name, 0) + total
 
             handles.append(module.register_forward_pre_hook(pre))
-    try:
-        with torch.no_grad():
-            native(input_ids=rows.tokens)
-    finally:
-        for handle in handles:
-            handle.remove()
+    _forward_then_remove(native, rows, handles)
     matrix = importance_matrix(model64, rows, batch_size=2, progress=False)
     assert set(matrix.sums) == set(seen) and len(seen) == 7 * hooks.n_layers(model64)
     for name, expected in seen.items():
@@ -133,12 +138,7 @@ def test_fused_weights_get_llama_cpps_fused_tensor_name(rows):
         seen[layer] = seen.get(layer, 0) + (args[0].detach().double() ** 2).sum((0, 1))
 
     handles = [m.register_forward_pre_hook(lambda mod, args, i=i: pre(mod, args, i)) for i, m in enumerate(attn)]
-    try:
-        with torch.no_grad():
-            native(input_ids=rows.tokens)
-    finally:
-        for handle in handles:
-            handle.remove()
+    _forward_then_remove(native, rows, handles)
     matrix = importance_matrix(tiny_gpt2, rows, progress=False)
     n = hooks.n_layers(tiny_gpt2)
     assert sorted(matrix.sums) == sorted(f"blk.{i}.{t}.weight" for i in range(n)
