@@ -38,6 +38,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,19 +152,27 @@ def phase_sensitivity(run: Path, files: dict[str, Path], reg: dict[str, Any], mo
     return out
 
 
+def option_table(sens: dict[str, Any], shapes: dict[tuple[int, str], tuple[int, int]], candidates: list[str],
+                 scores: np.ndarray) -> tuple[list[tuple[int, str]], list[list[str]], list[Any], list[list[int]]]:
+    """Per weight: its key, its candidate types, their ``scores`` rows (``scores[w, o]``, a number or an array)
+    and their bytes."""
+    keys, allowed, losses, costs = [], [], [], []
+    for w, (layer, role, opts) in enumerate(zip(sens["layers"], sens["roles"], sens["options"], strict=True)):
+        keep = [o for o, t in enumerate(opts) if t in candidates]
+        keys.append((layer, role))
+        allowed.append([opts[o] for o in keep])
+        losses.append(scores[w, keep])
+        costs.append([tensor_cost(opts[o], *shapes[layer, role]) for o in keep])
+    return keys, allowed, losses, costs
+
+
 def plan_types(sens: dict[str, Any], shapes: dict[tuple[int, str], tuple[int, int]], capacity: int,
                candidates: list[str]) -> dict[tuple[int, str], str]:
     """The registered allocation: the least summed sensitivity whose block-weight bytes fit ``capacity``."""
     scores = sens["per_chunk"].sum(axis=2) / sens["tokens"].sum()
-    losses, costs, keys, allowed = [], [], [], []
-    for w, (layer, role, opts) in enumerate(zip(sens["layers"], sens["roles"], sens["options"], strict=True)):
-        d_out, d_in = shapes[layer, role]
-        keep = [o for o, t in enumerate(opts) if t in candidates]
-        keys.append((layer, role))
-        allowed.append([opts[o] for o in keep])
-        losses.append([float(scores[w, o]) for o in keep])
-        costs.append([tensor_cost(opts[o], d_out, d_in) for o in keep])
-    chosen = choose_options(losses, costs, capacity, unit=max(1, capacity // 50000))
+    keys, allowed, losses, costs = option_table(sens, shapes, candidates, scores)
+    chosen = choose_options([[float(x) for x in row] for row in losses], costs, capacity,
+                            unit=max(1, capacity // 50000))
     return {key: allowed[w][o] for w, (key, o) in enumerate(zip(keys, chosen, strict=True))}
 
 
@@ -176,31 +185,42 @@ def predicted(sens: dict[str, Any], types: dict[tuple[int, str], str]) -> float:
     return total
 
 
+def write_plan(run: Path, binary: Path, files: dict[str, Path], name: str, size: str,
+               shapes: dict[tuple[int, str], tuple[int, int]],
+               choose: Callable[[int], dict[tuple[int, str], str]]) -> Path:
+    """``llama-quantize SIZE --tensor-type-file`` of the types ``choose(capacity)`` gives for the mix's block-weight
+    bytes. When alignment padding makes the file larger than the mix's, the excess comes off the capacity and the
+    plan is chosen again (the registered equal-size rule)."""
+    path, limit, slack = run / "gguf" / f"{name}.gguf", files[size].stat().st_size, 0
+    capacity = block_bytes(files[size])
+    while not path.exists():
+        types = choose(capacity - slack)
+        type_file = run / f"{name}.txt"
+        order = sorted(types)
+        write_tensor_types(type_file, [WeightShape(layer, role, *shapes[layer, role]) for layer, role in order],
+                           {f"{layer}.{role}": types[layer, role] for layer, role in order})
+        quantize(binary, files["reference"], path, size, "--tensor-type-file", str(type_file))
+        if path.stat().st_size > limit:
+            slack += path.stat().st_size - limit
+            path.unlink()
+            log(f"{name} was {slack} bytes over; again with less")
+    return path
+
+
+def reference_shapes(files: dict[str, Path]) -> dict[tuple[int, str], tuple[int, int]]:
+    return {key: value.shape for key, (_, value) in gguf_block_weights(files["reference"]).items()}
+
+
 def phase_plans(run: Path, binary: Path, files: dict[str, Path], reg: dict[str, Any], sens: dict[int, Any]
                 ) -> dict[str, Path]:
-    ref_weights = gguf_block_weights(files["reference"])
-    shapes = {key: value.shape for key, (_, value) in ref_weights.items()}
+    shapes = reference_shapes(files)
     plans = {}
     for size in reg["sizes"]:
-        limit = files[size].stat().st_size
-        capacity = block_bytes(files[size])
         for seed, s in sens.items():
             name = f"plan-{size}-{seed}"
-            path = run / "gguf" / f"{name}.gguf"
-            slack = 0
-            while not path.exists():
-                types = plan_types(s, shapes, capacity - slack, reg["candidate_types"])
-                type_file = run / f"{name}.txt"
-                order = sorted(types)
-                write_tensor_types(type_file, [WeightShape(layer, role, *shapes[layer, role]) for layer, role in order],
-                                   {f"{layer}.{role}": types[layer, role] for layer, role in order})
-                quantize(binary, files["reference"], path, size, "--tensor-type-file", str(type_file))
-                if path.stat().st_size > limit:  # alignment padding: take the excess off the capacity and redo
-                    slack += path.stat().st_size - limit
-                    path.unlink()
-                    log(f"{name} was {slack} bytes over; again with less")
-            plans[name] = path
-            log(f"{name}: {path.stat().st_size} bytes (mix {limit})")
+            plans[name] = write_plan(run, binary, files, name, size, shapes, lambda capacity, s=s:
+                                     plan_types(s, shapes, capacity, reg["candidate_types"]))
+            log(f"{name}: {plans[name].stat().st_size} bytes (mix {files[size].stat().st_size})")
     return plans
 
 
@@ -372,16 +392,25 @@ def environment() -> dict[str, Any]:
             "llama_threads": int(os.environ.get("LLAMA_THREADS", "2")), "machine": platform.machine()}
 
 
-def share(source: Path, run: Path) -> None:
-    """Hard-link what does not depend on the candidate types from an earlier run of the same design."""
-    names = [p.relative_to(source) for pattern in ("gguf/ref-f32.gguf", "gguf/Q*.gguf", "gguf/pure-*.gguf",
-                                                    "sensitivity-*", *(f"scores/{m}.parquet" for m in MIXES))
-             for p in source.glob(pattern)]
+SHARED = ("gguf/ref-f32.gguf", "gguf/Q*.gguf", "gguf/pure-*.gguf", "sensitivity-*",
+          *(f"scores/{m}.parquet" for m in MIXES))  # what does not depend on the candidate types
+
+
+def share(source: Path, run: Path, patterns: tuple[str, ...] = SHARED) -> None:
+    """Hard-link ``patterns`` (default: what does not depend on the candidate types) from an earlier run."""
+    names = [p.relative_to(source) for pattern in patterns for p in source.glob(pattern)]
     for name in names:
         target = run / name
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.exists():
             os.link(source / name, target)
+
+
+def heldout_rows(model: Any, reg: dict[str, Any]) -> Any:
+    """The registration's held-out examples (``interp.report.confirm.fresh_examples``)."""
+    held = reg["heldout"]
+    return fresh_examples(model.tokenizer, held["data"], held["n"], held["seq_len"], held["seed"],
+                          held["exclude_seq_lens"], held["exclude_prefix"], held["exclude_preregistrations"])
 
 
 def calibration_rows(model: Any, reg: dict[str, Any]) -> Any:
@@ -423,61 +452,41 @@ def main_tail(reg: dict[str, Any], sha: str, run: Path, binary: Path, shared: Pa
     from interp.quant.prescribe import choose_options_tail, tail_loss
 
     if shared is not None:  # the reference, pure-type and mix files and the mixes' scores (not the sensitivities)
-        for pattern in ("gguf/ref-f32.gguf", "gguf/Q*.gguf", "gguf/pure-*.gguf", *(f"scores/{m}.parquet"
-                                                                                     for m in MIXES)):
-            for source in shared.glob(pattern):
-                target = run / source.relative_to(shared)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if not target.exists():
-                    os.link(source, target)
+        share(shared, run, tuple(p for p in SHARED if not p.startswith("sensitivity")))
     files = phase_files(run, binary, reg)
     model = interp.load_model(reg["model"])
-    held = reg["heldout"]
-    rows = fresh_examples(model.tokenizer, held["data"], held["n"], held["seq_len"], held["seed"],
-                          held["exclude_seq_lens"], held["exclude_prefix"], held["exclude_preregistrations"])
+    rows = heldout_rows(model, reg)
     sens = phase_sensitivity(run, files, reg, model, chunks=reg["calibration"]["n"])  # one example per chunk
     if set(rows.ids) & {i for s in sens.values() for i in s["ids"]}:
         raise SystemExit("held-out documents are also calibration documents")
     del model
-    shapes = {key: value.shape for key, (_, value) in gguf_block_weights(files["reference"]).items()}
+    shapes = reference_shapes(files)
     source = DATA / reg["companion_of"]
     predicted_tail: dict[str, Any] = {}
     for size in reg["sizes"]:
-        limit, capacity = files[size].stat().st_size, block_bytes(files[size])
         for seed, s in sens.items():
             name = f"plan-{size}-{seed}"
-            path, slack = run / "gguf" / f"{name}.gguf", 0
-            per_example = s["per_chunk"] / s["tokens"]  # [weights, options, examples]: each example's mean
-            keys, losses, costs, allowed = [], [], [], []
-            for w, (layer, role, opts) in enumerate(zip(s["layers"], s["roles"], s["options"], strict=True)):
-                keep = [o for o, t in enumerate(opts) if t in reg["candidate_types"]]
-                keys.append((layer, role))
-                allowed.append([opts[o] for o in keep])
-                losses.append(per_example[w, keep])
-                costs.append([tensor_cost(opts[o], *shapes[layer, role]) for o in keep])
-            while True:
-                choice, history = choose_options_tail(losses, costs, capacity - slack, share=0.1, rounds=50,
-                                                      unit=max(1, (capacity - slack) // 50000))
-                types = {key: allowed[w][o] for w, (key, o) in enumerate(zip(keys, choice, strict=True))}
-                order = sorted(types)
-                type_file = run / f"{name}.txt"
-                write_tensor_types(type_file, [WeightShape(layer, role, *shapes[layer, role]) for layer, role in order],
-                                   {f"{layer}.{role}": types[layer, role] for layer, role in order})
-                quantize(binary, files["reference"], path, size, "--tensor-type-file", str(type_file))
-                if path.stat().st_size <= limit:
-                    break
-                slack += path.stat().st_size - limit
-                path.unlink()
-                log(f"{name} was {slack} bytes over; again with less")
-            files[name] = path
-            mean_plan = (source / f"{name}.txt").read_text() == type_file.read_text()
-            totals = np.sum([losses[w][o] for w, o in enumerate(choice)], axis=0)
+            # per weight and option, each example's mean per token: [options, examples]
+            keys, allowed, losses, costs = option_table(s, shapes, reg["candidate_types"], s["per_chunk"] / s["tokens"])
+            found: dict[str, Any] = {}
+
+            def choose(capacity: int, keys: Any = keys, allowed: Any = allowed, losses: Any = losses,
+                       costs: Any = costs, found: dict[str, Any] = found) -> dict[tuple[int, str], str]:
+                found["choice"], found["history"] = choose_options_tail(losses, costs, capacity, share=0.1, rounds=50,
+                                                                        unit=max(1, capacity // 50000))
+                return {key: allowed[w][o] for w, (key, o) in enumerate(zip(keys, found["choice"], strict=True))}
+
+            files[name] = write_plan(run, binary, files, name, size, shapes, choose)
+            if not found:  # the file exists from an earlier (killed) run: recompute its choice for the record
+                choose(block_bytes(files[size]))
+            history = found["history"]
+            totals = np.sum([losses[w][o] for w, o in enumerate(found["choice"])], axis=0)
             predicted_tail[name] = {"tail_mean_optimal": history[0], "tail_chosen": min(history),
                                     "mean_chosen": float(totals.mean()), "rounds": len(history) - 1,
-                                    "tail_check": tail_loss(totals, 0.1),
-                                    "same_types_as_registration_3": mean_plan}
-            log(f"{name}: {path.stat().st_size} bytes (mix {limit}); predicted tail {history[0]:.4f} -> "
-                f"{min(history):.4f}")
+                                    "tail_check": tail_loss(totals, 0.1), "same_types_as_registration_3":
+                                    (source / f"{name}.txt").read_text() == (run / f"{name}.txt").read_text()}
+            log(f"{name}: {files[name].stat().st_size} bytes (mix {files[size].stat().st_size}); predicted tail "
+                f"{history[0]:.4f} -> {min(history):.4f}")
     plans = [n for n in files if n.startswith("plan-")]
     log(f"llama.cpp scoring of {len(plans)} files on {len(rows)} held-out examples")
     score_llama_cpp(run, files, rows.tokens, plans, binary)
@@ -518,13 +527,11 @@ def main_imatrix(reg: dict[str, Any], sha: str, run: Path, binary: Path, shared:
     gguf_dir = run / "gguf"
     gguf_dir.mkdir(parents=True, exist_ok=True)
     ref = gguf_dir / "ref-f32.gguf"
-    if shared is not None and (shared / "gguf" / "ref-f32.gguf").exists() and not ref.exists():
-        os.link(shared / "gguf" / "ref-f32.gguf", ref)
+    if shared is not None:
+        share(shared, run, ("gguf/ref-f32.gguf",))
     quantize(binary, _bundled_gguf(reg["model"]), ref, "F32", "--allow-requantize")
     model = interp.load_model(reg["model"])
-    held = reg["heldout"]
-    rows = fresh_examples(model.tokenizer, held["data"], held["n"], held["seq_len"], held["seed"],
-                          held["exclude_seq_lens"], held["exclude_prefix"], held["exclude_preregistrations"])
+    rows = heldout_rows(model, reg)
     cal = calibration_rows(model, reg)
     overlap = set(rows.ids) & set(cal.ids)
     if overlap:
@@ -602,9 +609,7 @@ def main() -> None:
         share(Path(args.shared), run)
     files = phase_files(run, binary, reg)
     model = interp.load_model(reg["model"])
-    held = reg["heldout"]
-    rows = fresh_examples(model.tokenizer, held["data"], held["n"], held["seq_len"], held["seed"],
-                          held["exclude_seq_lens"], held["exclude_prefix"], held["exclude_preregistrations"])
+    rows = heldout_rows(model, reg)
     sens = phase_sensitivity(run, files, reg, model)
     overlap = set(rows.ids) & {i for s in sens.values() for i in s["ids"]}
     if overlap:
