@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,6 @@ class ImportanceMatrix:
     counts: dict[str, int]
     chunk_size: int
     datasets: tuple[str, ...] = ()
-    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -162,8 +161,7 @@ def importance_matrix(model: Model, examples: Examples, batch_size: int = 8, pro
             hooks.decoder_body(model)(input_ids=examples.tokens[first:last].to(device))
     tokens = int(examples.tokens.numel())
     out = {name: sums[key].numpy() for key, group in names.items() for name in group}
-    settings = {"n": len(examples), "seq_len": examples.seq_len, "examples_settings": dict(examples.settings)}
-    return ImportanceMatrix(out, {name: tokens for name in out}, examples.seq_len, tuple(datasets), settings)
+    return ImportanceMatrix(out, {name: tokens for name in out}, examples.seq_len, tuple(datasets))
 
 
 def write_imatrix(matrix: ImportanceMatrix, path: str | os.PathLike[str]) -> Path:
