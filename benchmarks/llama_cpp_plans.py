@@ -98,6 +98,11 @@ def tensor_cost(ggml_type: str, d_out: int, d_in: int) -> int:
     return d_out * (d_in // block) * nbytes
 
 
+def mixes(reg: dict[str, Any]) -> tuple[str, ...]:
+    """The llama.cpp mixes a registration makes and scores (registrations 2-5: Q4_K_M, Q3_K_M, Q4_K_S)."""
+    return tuple(reg.get("mixes", MIXES))
+
+
 def phase_files(run: Path, binary: Path, reg: dict[str, Any]) -> dict[str, Path]:
     gguf_dir = run / "gguf"
     gguf_dir.mkdir(parents=True, exist_ok=True)
@@ -106,7 +111,7 @@ def phase_files(run: Path, binary: Path, reg: dict[str, Any]) -> dict[str, Path]
     ref = gguf_dir / "ref-f32.gguf"
     quantize(binary, _bundled_gguf(reg["model"]), ref, "F32", "--allow-requantize")
     files = {"reference": ref}
-    for mix in MIXES:
+    for mix in mixes(reg):
         files[mix] = gguf_dir / f"{mix}.gguf"
         quantize(binary, ref, files[mix], mix)
     for ggml_type in reg["candidate_types"]:
@@ -246,8 +251,8 @@ def score_llama_cpp(run: Path, files: dict[str, Path], rows: torch.Tensor, names
     def logprobs(llm: Any, row: list[int]) -> np.ndarray:
         llm.reset()
         llm.eval(row)
-        logits = np.asarray(llm.scores[:len(row) - 1], dtype=np.float64)
-        return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+        logits = torch.from_numpy(np.asarray(llm.scores[:len(row) - 1], dtype=np.float64))
+        return torch.log_softmax(logits, dim=1).numpy()  # float64; 262k-way rows (Gemma) in a fraction of a second
 
     for i, row in enumerate(rows.tolist()):
         lp_ref = logprobs(ref, row)
@@ -272,18 +277,22 @@ def score_interp(run: Path, files: dict[str, Path], rows: torch.Tensor, names: l
     if path.exists():
         return
     records = []
+    parts = [rows[i:i + 4] for i in range(0, len(rows), 4)]  # float64 log-probabilities of 4 x 127 x 262k: 1 GiB
     ref = interp.load_model(str(files["reference"]))
     with torch.no_grad():
-        lp_ref = torch.log_softmax(model_logits(ref, rows)[:, :-1].double(), -1)
+        logits_ref = [model_logits(ref, part)[:, :-1] for part in parts]
     del ref
-    targets = rows[:, 1:]
     for n in names:
         model = interp.load_model(str(files[n]))
-        with torch.no_grad():
-            lp = torch.log_softmax(model_logits(model, rows)[:, :-1].double(), -1)
-        kl = (lp_ref.exp() * (lp_ref - lp)).sum(-1).mean(-1)
-        nll = -lp.gather(-1, targets[..., None])[..., 0].mean(-1)
-        records += [(n, i, float(kl[i]), float(nll[i])) for i in range(len(rows))]
+        i = 0
+        for part, logit_ref in zip(parts, logits_ref, strict=True):
+            with torch.no_grad():
+                lp_ref = torch.log_softmax(logit_ref.double(), -1)
+                lp = torch.log_softmax(model_logits(model, part)[:, :-1].double(), -1)
+            kl = (lp_ref.exp() * (lp_ref - lp)).sum(-1).mean(-1)
+            nll = -lp.gather(-1, part[:, 1:, None])[..., 0].mean(-1)
+            records += [(n, i + j, float(kl[j]), float(nll[j])) for j in range(len(part))]
+            i += len(part)
         del model
     pd.DataFrame(records, columns=["file", "example", "kl", "nll"]).to_parquet(path)
 
@@ -381,6 +390,24 @@ def loader_agreement(run: Path, scores: dict[str, pd.DataFrame]) -> list[dict[st
                           "mean_kl_llama_cpp": float(lc.kl.mean()), "mean_kl_interp": float(group.kl.mean()),
                           "max_abs_nll_difference": float(np.abs(group.nll.to_numpy() - lc.nll.to_numpy()).max())})
     return agreement
+
+
+def grid_share(files: dict[str, Path], names: list[str], reg: dict[str, Any]) -> dict[str, float]:
+    """Per file: the fraction of its block-weight bytes stored in the type the bundled GGUF gives that tensor."""
+    import gguf
+
+    from interp.models import _bundled_gguf
+
+    def types(path: Path) -> dict[str, tuple[str, int]]:
+        return {t.name: (t.tensor_type.name, int(t.n_bytes)) for t in gguf.GGUFReader(str(path)).tensors
+                if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.data.shape) == 2}
+
+    bundled = types(_bundled_gguf(reg["model"]))
+    share = {}
+    for name in names:
+        mine = types(files[name])
+        share[name] = sum(b for k, (t, b) in mine.items() if bundled[k][0] == t) / sum(b for _, b in mine.values())
+    return share
 
 
 def environment() -> dict[str, Any]:
@@ -547,7 +574,7 @@ def main_imatrix(reg: dict[str, Any], sha: str, run: Path, binary: Path, shared:
     del model
     flag = ("--imatrix", str(imatrix))
     files = {"reference": ref}
-    for mix in MIXES:
+    for mix in mixes(reg):
         files[mix] = gguf_dir / f"{mix}.gguf"
         quantize(binary, ref, files[mix], mix, *flag)
     source = DATA / reg["companion_of"]
@@ -558,7 +585,7 @@ def main_imatrix(reg: dict[str, Any], sha: str, run: Path, binary: Path, shared:
             files[name] = gguf_dir / f"{name}.gguf"
             quantize(binary, ref, files[name], size, *flag, "--tensor-type-file", str(source / f"{name}.txt"))
             log(f"{name}: {files[name].stat().st_size} bytes (mix {files[size].stat().st_size})")
-    scored = [*MIXES, *(n for n in files if n.startswith("plan-"))]
+    scored = [*mixes(reg), *(n for n in files if n.startswith("plan-"))]
     log(f"llama.cpp scoring of {len(scored)} files on {len(rows)} held-out examples")
     score_llama_cpp(run, files, rows.tokens, scored, binary)
     scores = {p.stem: pd.read_parquet(p) for p in (run / "scores").glob("*.parquet")}
@@ -616,12 +643,15 @@ def main() -> None:
         raise SystemExit(f"{len(overlap)} held-out documents are also calibration documents")
     del model
     files.update(phase_plans(run, binary, files, reg, sens))
-    scored = [*MIXES, *(n for n in files if n.startswith("plan-"))]
+    scored = [*mixes(reg), *(n for n in files if n.startswith("plan-"))]
     log(f"llama.cpp scoring of {len(scored)} files on {len(rows)} held-out examples")
     score_llama_cpp(run, files, rows.tokens, scored, binary)
     log("interp loader on the first 16 examples")
-    score_interp(run, files, rows.tokens[:16], ["Q4_K_M", f"plan-Q4_K_M-{reg['calibration']['seeds'][0]}"])
+    first = reg["sizes"][0]
+    score_interp(run, files, rows.tokens[:16], [first, f"plan-{first}-{reg['calibration']['seeds'][0]}"])
     result = analyse(run, reg, sha, sens, files)
+    if "mixes" in reg:  # registration 6 on: the share of each file's block bytes kept in the reference's own type
+        result["reference_grid_share"] = grid_share(files, scored, reg)
     result["heldout_ids"] = rows.ids
     write_json(run / "result.json", sanitize(result))
     if not args.no_write:

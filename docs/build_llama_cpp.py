@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "prescribe.md"
 DATA = ROOT / "docs" / "data" / "prescribe" / "llama-cpp"
 REGISTRATIONS = {"plans2": "llama-cpp-plans-2", "plans3": "llama-cpp-plans-3",  # block prefix -> registration
-                 "plans4": "llama-cpp-plans-4", "plans5": "llama-cpp-plans-5"}
+                 "plans4": "llama-cpp-plans-4", "plans5": "llama-cpp-plans-5", "plans6": "llama-cpp-plans-6"}
+GEMMA = ("plans6",)  # registrations on Gemma-3-270m: their own figure (another file-size scale)
 
 
 def _pct(x: float) -> str:
@@ -119,11 +120,19 @@ def tail_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def grid_table(result: dict[str, Any]) -> str:
+    share = result["reference_grid_share"]
+    lines = ["| file | block-weight bytes in the type the bundled GGUF gave that tensor |", "|---|---:|"]
+    lines += [f"| {name} | {100 * value:.1f}% |" for name, value in share.items()]
+    return "\n".join(lines)
+
+
 BLOCKS = {"verdicts": verdict_table, "additivity": additivity_table, "reliability": reliability_table,
-          "loader": loader_table, "imatrix": imatrix_table, "tail": tail_table}
+          "loader": loader_table, "imatrix": imatrix_table, "tail": tail_table, "grid": grid_table}
 # the result key each block renders
 NEEDS = {"verdicts": "verdicts", "additivity": "additivity", "reliability": "reliability",
-         "loader": "loader_agreement", "imatrix": "imatrix_effect", "tail": "against_mean_plans"}
+         "loader": "loader_agreement", "imatrix": "imatrix_effect", "tail": "against_mean_plans",
+         "grid": "reference_grid_share"}
 
 
 def results() -> dict[str, dict[str, Any]]:
@@ -149,7 +158,7 @@ def render(page: str, data: dict[str, dict[str, Any]] | None = None) -> str:
     return page
 
 
-def pareto(data: dict[str, dict[str, Any]]) -> Any:
+def pareto(data: dict[str, dict[str, Any]], title: str = "SmolLM2-135M through llama.cpp") -> Any:
     """File size against held-out mean KL: llama.cpp's mixes as points, interp's plans (seed means) as curves."""
     import plotly.graph_objects as go
 
@@ -171,20 +180,21 @@ def pareto(data: dict[str, dict[str, Any]]) -> Any:
     labels = {"plans2": "interp plan, every legacy type (registration 2)",
               "plans3": "interp plan, Q4_1 excluded (registration 3)",
               "plans4": "registration 3's plans with interp's imatrix (registration 4)",
-              "plans5": "interp plan minimizing the worst 10% (registration 5)"}
+              "plans5": "interp plan minimizing the worst 10% (registration 5)",
+              "plans6": "interp plan (registration 6: registration 3's design)"}
     for prefix, result in data.items():
         points = sorted((sum(v["bytes"]["plans"]) / len(v["bytes"]["plans"]) / 1e6,
                          sum(v["mean_kl"]["plans"]) / len(v["mean_kl"]["plans"])) for v in result["verdicts"].values())
         fig.add_trace(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers",
                                  name=labels[prefix]))
-    fig = styled(fig, "SmolLM2-135M through llama.cpp: file size against held-out KL (256 examples)",
+    fig = styled(fig, f"{title}: file size against held-out KL (256 examples)",
                  "GGUF file size (MB)", "mean KL from the reference (nats per token)")
     sizes = [r["bytes"] / 1e6 for r in mixes.values()]
     fig.update_xaxes(range=[min(sizes) - 2, max(sizes) + 3])
     # the legend below the axes: above them it ran into the title once there were five series
     fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.16, xanchor="left", x=0), height=640,
                       margin=dict(b=170))
-    fig.update_yaxes(type="log", tickvals=[0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])
+    fig.update_yaxes(type="log", tickvals=[0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])
     return fig
 
 
@@ -197,7 +207,12 @@ def main(argv: list[str] | None = None) -> int:
         if "--figure" in argv:
             from interp.figures import export_static
 
-            export_static({"prescribe_llama_cpp_pareto": pareto(results())}, ROOT / "docs" / "img", formats=("png",))
+            data = results()
+            figures = {"prescribe_llama_cpp_pareto": pareto({k: v for k, v in data.items() if k not in GEMMA})}
+            if any(k in data for k in GEMMA):
+                figures["prescribe_llama_cpp_pareto_gemma"] = pareto({k: v for k, v in data.items() if k in GEMMA},
+                                                                     "Gemma-3-270m through llama.cpp")
+            export_static(figures, ROOT / "docs" / "img", formats=("png",))
         return 0
     if new != page:
         print("docs/prescribe.md's llama.cpp tables differ from the data: run python docs/build_llama_cpp.py --write")

@@ -118,6 +118,9 @@ def make_files(d: Path) -> Path:
     (d / "data.parquet").write_bytes(b"PAR1")
     (d / "emptydir").mkdir(exist_ok=True)
     (d / "afile").write_text("a file, not a folder\n")
+    (d / "types.txt").write_text("ffn_down=q6_k\n")
+    (d / "badtype.txt").write_text("blk\\.0\\.ffn_down\\.weight=q7_k\n")
+    (d / "badregex.txt").write_text("blk(=q4_k\n")
     (d / "corrupt").mkdir(exist_ok=True)
     (d / "corrupt" / "scores.sqlite").write_bytes(b"this is not a database" * 100)
     _store(d / "store1", ["m1"])
@@ -254,6 +257,14 @@ CASES = [
     Case("output path", "probe --out {d}/afile", "afile"),
     Case("output path", "report --out {d}/afile", "afile"),
     Case("output path", "imatrix --out {d}/afile", "afile"),
+    Case("output path", "tensor-types {d}/types.txt --out {d}/afile", "afile"),
+    # -- tensor-type files (what llama-quantize --tensor-type-file reads)
+    Case("tensor-type file", "tensor-types {d}/missing.txt", "cannot read"),
+    Case("tensor-type file", "tensor-types {d}/good.txt", "PATTERN=TYPE"),
+    Case("tensor-type file", "tensor-types {d}/badtype.txt", "q7_k"),
+    Case("tensor-type file", "tensor-types {d}/badregex.txt", "regular expression"),
+    Case("tensor-type file", "tensor-types {d}/types.txt --mix Q2_K", "--mix"),
+    Case("tensor-type file", "tensor-types {d}/types.txt --model {d}/missing.gguf", "does not exist"),
     Case("output path", "report --screenshot /proc/nowhere/shot.png", "screenshot"),
     Case("output path", "quantize --method rtn:bits=3 --out /proc/q", "/proc/q"),
     Case("output path", "train-saobp --out {d}/afile", "afile"),

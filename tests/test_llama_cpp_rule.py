@@ -165,3 +165,52 @@ def test_tensor_bytes_are_blocks_times_block_bytes(mix):
             d_out, d_in = dims[name]
             block, block_bytes = STRUCT_BYTES.get(files["tensors"][name], (1, 4))
             assert nbytes == d_out * d_in // block * block_bytes, name
+
+
+GEMMA = [WeightShape(layer, role, *dims) for layer in range(18) for role, dims in (
+    ("q", (1024, 640)), ("k", (256, 640)), ("v", (256, 640)), ("o", (640, 1024)), ("gate", (2048, 640)),
+    ("up", (2048, 640)), ("down", (640, 2048)))]  # Gemma-3-270m: 4 heads and 1 KV head of 256, MLP 2048
+
+
+def _gemma_files() -> dict:
+    import json
+
+    return json.loads((FIXTURES / "gemma_mix_types.json").read_text())
+
+
+@pytest.mark.parametrize("mix", ["Q4_K_M", "Q3_K_M", "Q4_K_S"])
+def test_the_rule_predicts_llama_quantizes_gemma_files(mix):
+    """A second architecture (width 640: q, k, v, gate and up fall back; o and down keep K-quants), against
+    llama-quantize's own files of Gemma-3-270m (benchmarks/llama_cpp_plans.py, registration 6, made them)."""
+    written = _gemma_files()["mixes"][mix]
+    predicted = lc.stored_types(GEMMA, lc.mix_types(GEMMA, mix))
+    assert {lc.gguf_name(s.layer, s.role): predicted[s.name] for s in GEMMA} == \
+        {name: t for name, t in written["tensors"].items() if name.startswith("blk.")}
+    assert written["tensors"]["token_embd.weight"] == lc.embedding_type(640) == "q8_0"
+    for s in GEMMA:  # bytes: blocks times the block struct's bytes
+        block, nbytes = STRUCT_BYTES[predicted[s.name]]
+        assert written["tensor_bytes"][lc.gguf_name(s.layer, s.role)] == s.d_out * s.d_in // block * nbytes
+
+
+def test_the_bundled_gemma_is_llama_cpps_own_q4_k_m():
+    """Why registration 6 does not judge Q4_K_M: the bundled file already has every type that mix asks for."""
+    files = _gemma_files()
+    assert files["bundled"]["tensors"] == files["mixes"]["Q4_K_M"]["tensors"]
+
+
+def test_a_partial_overlapping_tensor_type_file_resolves_as_llama_quantize_did():
+    """The fixture is llama-quantize's own output for a hand-written file whose patterns overlap (the first match
+    wins), are mixed case, ask for K-quants the width forbids, and leave most weights to the Q4_K_M rule. Its
+    overrides of blk.1 and blk.3 shift the rule's attn_v bumps (llama.cpp counts only the weights its rule typed),
+    which a per-layer reading of the rule gets wrong at blk.4."""
+    import json
+
+    written = json.loads((FIXTURES / "smol_overlap_types.json").read_text())["tensors"]
+    names = [lc.gguf_name(s.layer, s.role) for s in SMOL]
+    items = lc.read_tensor_types(FIXTURES / "smol_overlap_types.txt", names)
+    got = lc.resolve_tensor_types(SMOL, items, "Q4_K_M")
+    assert {lc.gguf_name(s.layer, s.role): got[s.name][0] for s in SMOL} == {n: written[n] for n in names}
+    assert got["4.v"] == ("q8_0", "") and lc.stored_types(SMOL, lc.mix_types(SMOL, "Q4_K_M"))["4.v"] == "q5_0"
+    assert got["4.down"] == ("q6_k", "ffn_down")  # the earlier item wins over blk\.4\.ffn_down=q3_k
+    untouched = lc.resolve_tensor_types(SMOL, [], "Q4_K_M")  # no items: the mix itself
+    assert {k: t for k, (t, _) in untouched.items()} == lc.stored_types(SMOL, lc.mix_types(SMOL, "Q4_K_M"))

@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from interp.cli.common import add_checks, add_model_data, check_out, command, float_in, int_at_least, set_threads
+from interp.cli.common import (add_checks, add_model_data, check_loads_model, check_out, command, float_in,
+                               int_at_least, set_threads)
 from interp.quant.spec import METHODS
 
 
@@ -148,4 +149,61 @@ def cmd_imatrix(args: argparse.Namespace) -> int:
     print(f"{len(table)} weights, {matrix.tokens} tokens ({matrix.chunk_count} chunks of {matrix.chunk_size}), "
           f"{time.time() - start:.0f} s; most uneven input: {top.tensor} (largest channel {top.max_over_mean:.0f}x "
           f"the mean). Saved {path}: llama-quantize --imatrix {path} ...")
+    return 0
+
+
+def _tensor_type_file(args: argparse.Namespace) -> None:
+    """The tensor-type file reads as llama-quantize reads it (names are checked once the model is known)."""
+    from interp.quant.llama_cpp import read_tensor_types
+
+    read_tensor_types(args.file)
+
+
+def _tensor_types_args(p: argparse.ArgumentParser) -> None:
+    from interp.quant.llama_cpp import MIXES
+
+    p.add_argument("file", help="a llama-quantize --tensor-type-file: whitespace-separated PATTERN=TYPE items")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="bundled model (smollm2-135m, gemma3-270m), a Hugging Face folder, or a .gguf file")
+    p.add_argument("--mix", default="Q4_K_M", choices=MIXES, help="the llama-quantize type the file goes with")
+    p.add_argument("--out", default="reports/tensor-types", help="output folder (tensor_types.csv)")
+    add_checks(p, _tensor_type_file, check_loads_model, check_out)
+
+
+@command("tensor-types", "what llama-quantize MIX --tensor-type-file FILE stores for each block weight of a model, "
+         "the shape fallback applied, and its bytes against the mix alone", _tensor_types_args)
+def cmd_tensor_types(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import interp
+    from interp.io import write_file
+    from interp.quant import llama_cpp as lc
+    from interp.quant.prescribe import model_shapes
+
+    model = interp.load_model(args.model)
+    shapes = model_shapes(model)
+    names = [lc.gguf_name(s.layer, s.role) for s in shapes]
+    items = lc.read_tensor_types(args.file, [*names, "token_embd.weight", "output.weight"])
+    resolved = lc.resolve_tensor_types(shapes, items, args.mix)
+    alone = lc.stored_types(shapes, lc.mix_types(shapes, args.mix))
+    import pandas as pd
+
+    def nbytes(ggml_type: str, d_out: int, d_in: int) -> int:
+        block, size = lc.GGML_TYPES[ggml_type]
+        return d_out * (d_in // block) * size
+
+    rows = [{"tensor": name, "d_out": s.d_out, "d_in": s.d_in, "pattern": resolved[s.name][1],
+             "type": resolved[s.name][0], "bits_per_weight": lc.bits_per_weight(resolved[s.name][0]),
+             "bytes": nbytes(resolved[s.name][0], s.d_out, s.d_in), "mix_type": alone[s.name],
+             "mix_bytes": nbytes(alone[s.name], s.d_out, s.d_in)} for name, s in zip(names, shapes, strict=True)]
+    table = pd.DataFrame(rows)
+    out = Path(args.out)
+    path = out / "tensor_types.csv"
+    write_file(path, lambda tmp: table.to_csv(tmp, index=False))
+    named = int((table.pattern != "").sum())
+    weights = sum(s.size for s in shapes)
+    total, mix_total = int(table.bytes.sum()), int(table.mix_bytes.sum())
+    print(f"{named} of {len(table)} block weights named by {args.file}, {len(table) - named} left to {args.mix}'s "
+          f"rule. Block weights: {total} bytes, {8 * total / weights:.4f} bits per weight; {args.mix} alone: "
+          f"{mix_total} bytes, {8 * mix_total / weights:.4f} ({total - mix_total:+d} bytes). Saved {path}")
     return 0

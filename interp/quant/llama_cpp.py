@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["GGML_TYPES", "LEGACY_TYPES", "MIXES", "bits_per_weight", "fallback", "gguf_block_weights",
-           "gguf_name", "mix_types", "quantize_blocks", "read_tensor_types", "stored_weight",
+           "gguf_name", "mix_types", "quantize_blocks", "read_tensor_types", "resolve_tensor_types", "stored_weight",
            "tensor_type_lines", "type_for_bits", "types_average_bits", "use_more_bits", "write_tensor_types"]
 
 # type -> (weights per block, bytes per block), from the block structs of ggml-common.h
@@ -197,6 +197,42 @@ def read_tensor_types(path: str | os.PathLike[str], tensor_names: Sequence[str] 
                             f"like {tensor_names[0]})")
         items.append((pattern, check_type(type_name)))
     return items
+
+
+def resolve_tensor_types(shapes: Sequence[WeightShape], items: Sequence[tuple[str, str]], mix: str,
+                         n_layers: int | None = None) -> dict[str, tuple[str, str]]:
+    """``"layer.role"`` -> ``(stored type, pattern)``: what ``llama-quantize MIX --tensor-type-file`` stores.
+
+    As llama.cpp does it: tensors go in file order (by layer); the first item whose pattern is
+    found in a tensor's name sets its type (``pattern`` is that item's, ``""`` where none
+    matched); an unmatched weight gets the mix's rule, whose ``attn_v`` and ``ffn_down`` layer
+    index counts only the earlier weights of that role the rule itself typed (a file that
+    overrides ``blk.1.attn_v`` moves every later ``attn_v`` bump down one layer); the shape
+    fallback applies last, to both.
+
+    Example:
+        >>> shapes = [WeightShape(i, "v", 192, 576) for i in range(16)]
+        >>> got = resolve_tensor_types(shapes, [(r"blk\.1\.", "q5_0")], "Q4_K_M")
+        >>> [got[f"{i}.v"][0] for i in (1, 2, 3)]  # 2 is the rule's second weight: one of the first 16/8
+        ['q5_0', 'q8_0', 'q5_0']
+    """
+    if mix not in MIXES:
+        raise SpecError(f"unknown llama.cpp mix {mix!r}; use one of {', '.join(MIXES)}")
+    compiled = [(re.compile(pattern), pattern, check_type(t)) for pattern, t in items]
+    n = n_layers if n_layers is not None else 1 + max(s.layer for s in shapes)
+    counted = {"v": 0, "down": 0}  # llama.cpp's i_attention_wv and i_ffn_down
+    out = {}
+    for s in sorted(shapes, key=lambda w: w.layer):
+        name = gguf_name(s.layer, s.role)
+        match = next(((pattern, t) for regex, pattern, t in compiled if regex.search(name)), None)
+        if match is not None:
+            pattern, asked = match
+        else:
+            pattern, asked = "", _mix_type(mix, counted.get(s.role, s.layer), s.role, n)
+            if s.role in counted:
+                counted[s.role] += 1
+        out[s.name] = (fallback(asked, s.d_in), pattern)
+    return out
 
 
 TENSOR_ROLES = {tensor: role for role, tensor in ROLE_TENSORS.items()}
