@@ -53,7 +53,7 @@ import interp  # noqa: E402
 from interp.data import load_examples  # noqa: E402
 from interp.io import sanitize, write_json  # noqa: E402
 from interp.quant.fisher import fisher_sensitivity  # noqa: E402
-from interp.quant.llama_cpp import GGML_TYPES, gguf_block_weights, write_tensor_types  # noqa: E402
+from interp.quant.llama_cpp import GGML_TYPES, TENSOR_ROLES, gguf_block_weights, write_tensor_types  # noqa: E402
 from interp.quant.prescribe import choose_options  # noqa: E402
 from interp.quant.shapes import WeightShape  # noqa: E402
 from interp.report.confirm import fresh_examples  # noqa: E402
@@ -86,11 +86,7 @@ def quantize(binary: Path, src: Path, dst: Path, mix: str, *extra: str) -> None:
 
 
 def block_bytes(path: Path) -> int:
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    return sum(int(t.n_bytes) for t in reader.tensors if t.name.startswith("blk.") and t.name.endswith(".weight")
-               and len(t.data.shape) == 2)
+    return sum(nbytes for _, nbytes in block_types(path).values())
 
 
 def tensor_cost(ggml_type: str, d_out: int, d_in: int) -> int:
@@ -346,7 +342,8 @@ def analyse(run: Path, reg: dict[str, Any], sha: str, sens: dict[int, Any], file
     # additivity: predicted (summed sensitivity, seed-averaged) against realized mean KL, every scored file
     additivity = []
     for name, frame in scores.items():
-        types = {key: t for key, (t, _) in gguf_block_weights(files[name]).items()}
+        types = {(int(k.split(".")[1]), TENSOR_ROLES[k.split(".")[2]]): t
+                 for k, (t, _) in block_types(files[name]).items()}
         guesses = [predicted(s, types) for s in sens.values()]
         additivity.append({"file": name, "bytes": int(frame.bytes.iloc[0]), "realized_kl": float(frame.kl.mean()),
                            "predicted_kl": float(np.nanmean(guesses)), "realized_nll_increase":
@@ -392,20 +389,22 @@ def loader_agreement(run: Path, scores: dict[str, pd.DataFrame]) -> list[dict[st
     return agreement
 
 
-def grid_share(files: dict[str, Path], names: list[str], reg: dict[str, Any]) -> dict[str, float]:
-    """Per file: the fraction of its block-weight bytes stored in the type the bundled GGUF gives that tensor."""
+def block_types(path: Path) -> dict[str, tuple[str, int]]:
+    """GGUF name -> (lowercase ggml type, bytes) of every block linear weight, from the header (nothing dequantized)."""
     import gguf
 
+    return {t.name: (t.tensor_type.name.lower(), int(t.n_bytes)) for t in gguf.GGUFReader(str(path)).tensors
+            if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.data.shape) == 2}
+
+
+def grid_share(files: dict[str, Path], names: list[str], reg: dict[str, Any]) -> dict[str, float]:
+    """Per file: the fraction of its block-weight bytes stored in the type the bundled GGUF gives that tensor."""
     from interp.models import _bundled_gguf
 
-    def types(path: Path) -> dict[str, tuple[str, int]]:
-        return {t.name: (t.tensor_type.name, int(t.n_bytes)) for t in gguf.GGUFReader(str(path)).tensors
-                if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.data.shape) == 2}
-
-    bundled = types(_bundled_gguf(reg["model"]))
+    bundled = block_types(_bundled_gguf(reg["model"]))
     share = {}
     for name in names:
-        mine = types(files[name])
+        mine = block_types(files[name])
         share[name] = sum(b for k, (t, b) in mine.items() if bundled[k][0] == t) / sum(b for _, b in mine.values())
     return share
 

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "prescribe.md"
 DATA = ROOT / "docs" / "data" / "prescribe" / "llama-cpp"
 REGISTRATIONS = {"plans2": "llama-cpp-plans-2", "plans3": "llama-cpp-plans-3",  # block prefix -> registration
-                 "plans4": "llama-cpp-plans-4", "plans5": "llama-cpp-plans-5", "plans6": "llama-cpp-plans-6"}
-GEMMA = ("plans6",)  # registrations on Gemma-3-270m: their own figure (another file-size scale)
+                 "plans4": "llama-cpp-plans-4", "plans5": "llama-cpp-plans-5", "plans7": "llama-cpp-plans-7"}
+GEMMA = ("plans7",)  # registrations on Gemma-3-270m: their own figure (another file-size scale)
 
 
 def _pct(x: float) -> str:
@@ -181,7 +181,7 @@ def pareto(data: dict[str, dict[str, Any]], title: str = "SmolLM2-135M through l
               "plans3": "interp plan, Q4_1 excluded (registration 3)",
               "plans4": "registration 3's plans with interp's imatrix (registration 4)",
               "plans5": "interp plan minimizing the worst 10% (registration 5)",
-              "plans6": "interp plan (registration 6: registration 3's design)"}
+              "plans7": "interp plan (registration 7: registration 3's design)"}
     for prefix, result in data.items():
         points = sorted((sum(v["bytes"]["plans"]) / len(v["bytes"]["plans"]) / 1e6,
                          sum(v["mean_kl"]["plans"]) / len(v["mean_kl"]["plans"])) for v in result["verdicts"].values())

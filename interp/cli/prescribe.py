@@ -17,8 +17,16 @@ from __future__ import annotations
 import argparse
 import time
 
-from interp.cli.common import (add_checks, add_model_data, check_loads_model, check_out, command, float_in,
-                               int_at_least, set_threads)
+from interp.cli.common import (
+    add_checks,
+    add_model_data,
+    check_loads_model,
+    check_out,
+    command,
+    float_in,
+    int_at_least,
+    set_threads,
+)
 from interp.quant.spec import METHODS
 
 

@@ -201,7 +201,7 @@ def read_tensor_types(path: str | os.PathLike[str], tensor_names: Sequence[str] 
 
 def resolve_tensor_types(shapes: Sequence[WeightShape], items: Sequence[tuple[str, str]], mix: str,
                          n_layers: int | None = None) -> dict[str, tuple[str, str]]:
-    """``"layer.role"`` -> ``(stored type, pattern)``: what ``llama-quantize MIX --tensor-type-file`` stores.
+    r"""``"layer.role"`` -> ``(stored type, pattern)``: what ``llama-quantize MIX --tensor-type-file`` stores.
 
     As llama.cpp does it: tensors go in file order (by layer); the first item whose pattern is
     found in a tensor's name sets its type (``pattern`` is that item's, ``""`` where none
