@@ -132,6 +132,10 @@ def _inputs(folder: Path, argv: list[str]) -> None:
         scores.mkdir(parents=True, exist_ok=True)
         (scores / "errors.csv").write_text("example,rtn:bits=3,group=64\na,0.5\nb,0.25\n")
         (scores / "settings.json").write_text(json.dumps(SETTINGS))
+    if argv[:1] == ["tensor-types"]:  # the tensor-type file an earlier `prescribe --format llama.cpp` wrote
+        types = folder / argv[1]
+        types.parent.mkdir(parents=True, exist_ok=True)
+        types.write_text("blk\\.0\\.ffn_down\\.weight=q6_k\n")
     text = "\n".join(json.dumps({"text": f"Document {i} holds a few plain words of text."}) for i in range(8))
     for data in ("fineweb.jsonl", "my_docs.jsonl"):
         (folder / data).write_text(text + "\n")

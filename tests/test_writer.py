@@ -230,7 +230,8 @@ def test_full_disk_is_one_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
 REQUIRED = {"--method": "rtn:bits=4,group=32", "--budget": "3.75"}  # values for the other required options
 # options a command's own checks ask for (a command missing here fails the new-folder control below, by name)
 EXTRA = {"circuit": ["--clean", "The capital of France is", "--corrupt", "The capital of Italy is",
-                     "--answer", " Paris", "--wrong", " Rome"]}
+                     "--answer", " Paris", "--wrong", " Rome"],
+         "tensor-types": [str(Path(__file__).parent / "fixtures" / "llama_cpp" / "smol_layer0_types.txt")]}
 
 
 def out_commands() -> list[str]:
@@ -254,7 +255,7 @@ def argv_for(name: str, out: str) -> list[str]:
     COMMANDS[name][1](parser)
     argv = [name, "--out", out, *EXTRA.get(name, [])]
     for action in parser._actions:
-        if action.required and action.dest != "out":
+        if action.required and action.option_strings and action.dest != "out":  # positionals come from EXTRA
             option = action.option_strings[0]
             assert option in REQUIRED, f"{name} requires {option}: add a valid value to REQUIRED"
             argv += [option, REQUIRED[option]]
