@@ -363,9 +363,35 @@ def sensitivity() -> str:
     return rp.markdown_table(pd.DataFrame(rows))
 
 
+def agreement_by_length() -> str:
+    """Agreement against row length on the same packed rows (``interp/quant/length.py``), each length read by the
+    agreement claim's own rule (written before the run's numbers existed)."""
+    path = DATA / "agreement_by_length" / "agreement_by_length.csv"
+    if not path.is_file():
+        return "Not measured yet: run `python -m interp.quant.length --out runs/agreement_by_length`.\n"
+    table = pd.read_csv(path)
+    first = int(table["T"].iloc[0])
+    rows = []
+    for r in table.itertuples():
+        n = int(r.n)
+        pearson = rp.Estimate(r.pearson, r.pearson_low, r.pearson_high, n)
+        change = rp.Estimate(r.pearson_change, r.pearson_change_low, r.pearson_change_high, n)
+        jaccard = rp.Estimate(r.jaccard, r.jaccard_low, r.jaccard_high, n)
+        corrected = rp.Estimate(r.disattenuated, r.disattenuated_low, r.disattenuated_high, n)
+        judged = rp.judge("agreement", rp.Measurement({"pearson": pearson}))
+        rows.append({"T (tokens per row)": int(r.T), "rows": n, "agreement (mean Pearson, 10 pairs)": pearson.text(2),
+                     f"change from T={first} (paired)": "" if int(r.T) == first else change.text(3),
+                     "top-10% Jaccard (chance)": f"{jaccard.text(2)} ({r.chance_jaccard:.2f})",
+                     f"mean reliability (Spearman-Brown from T={first})":
+                         f"{r.mean_reliability:.2f} ({r.reliability_predicted:.2f})",
+                     "disattenuated (disjoint tokens)": corrected.text(2),
+                     "the agreement rule at this length": f"{judged.verdict}: {judged.reason}"})
+    return rp.markdown_table(pd.DataFrame(rows))
+
+
 BLOCKS = {"references": references, "levels": levels, "sensitivity": sensitivity, "provenance": provenance,
           "columns": main_table, "controls": confirmatory_controls, "machines": machines, "changed": changed_verdicts,
-          "issue33": issue33_changes}
+          "issue33": issue33_changes, "length": agreement_by_length}
 
 
 # Capability pages whose verdicts are the reproduction table's rows (a generated ``verdicts`` block each)

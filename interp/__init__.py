@@ -2,7 +2,8 @@
 
 The common verbs are one dot away; each is the function at its deep path, loaded on first use:
 
-- ``interp.load_model``, ``interp.load_examples``, ``interp.examples_from_texts``, ``interp.nll``;
+- ``interp.load_model``, ``interp.load_examples`` (``interp.load_packed_examples`` for rows longer than one
+  document), ``interp.examples_from_texts``, ``interp.nll``;
 - ``interp.probe`` (:func:`interp.probes.probe`);
 - ``interp.quantize`` (:func:`interp.quant.apply.quantize`) and ``interp.score``
   (:func:`interp.quant.store.score`);
@@ -31,6 +32,7 @@ _LAZY = {
     "tiny_model": "interp.models",
     "ModelInfo": "interp.models",
     "load_examples": "interp.data",
+    "load_packed_examples": "interp.data",
     "Examples": "interp.data",
     "examples_from_texts": "interp.data",
     "nll": "interp.runtime.scoring",

@@ -424,21 +424,7 @@ def load_examples(
         >>> tuple(ex.tokens.shape), bool((ex.tokens[:, 0] == 256).all())  # every row starts with BOS
         ((4, 16), True)
     """
-    seq_len = validate.count(seq_len, "seq_len", minimum=2)  # BOS + at least one token
-    if n is not None:
-        n = validate.integer(n, "n", error=DataError)
-        if n < 1:
-            raise DataError(f"n must be a positive number of examples; got {n}.")
-    seed = validate.integer(seed, "seed", minimum=0, error=DataError)
-    if not isinstance(source, (str, os.PathLike)):
-        raise DataError(f"source must be 'wiki' or a path, got {type(source).__name__}.")
-    fingerprint = tokenizer_fingerprint(tokenizer)
-    if split not in ("eval", "calibration", "all"):
-        raise DataError(f"split must be 'eval', 'calibration' or 'all'; got {split!r}.")
-    docs = read_documents(source)
-    if split != "all":
-        docs = [d for d in docs if split_of(d.id) == split]
-    token_lists = _token_ids(tokenizer, [d.text for d in docs], _source_key(source, split))
+    seq_len, n, seed, fingerprint, docs, token_lists = _documents(source, tokenizer, n, seq_len, seed, split)
     eligible = [i for i, t in enumerate(token_lists) if len(t) >= seq_len - 1]
     wanted = len(eligible) if n is None else n
     if wanted > len(eligible) or not eligible:
@@ -456,6 +442,103 @@ def load_examples(
         tokens=torch.tensor(rows, dtype=torch.long),
         texts=[docs[i].text for i in chosen],
         ids=[docs[i].id for i in chosen],
+        settings=settings,
+        tokenizer=fingerprint,
+        vocab_size=len(tokenizer),
+    )
+
+
+def _documents(source: str | Path, tokenizer: Any, n: int | None, seq_len: int, seed: int, split: str
+               ) -> tuple[int, int | None, int, str, list[Document], list[list[int]]]:
+    """The checked arguments, the split's documents and their token ids (shared by both row builders)."""
+    seq_len = validate.count(seq_len, "seq_len", minimum=2)  # BOS + at least one token
+    if n is not None:
+        n = validate.integer(n, "n", error=DataError)
+        if n < 1:
+            raise DataError(f"n must be a positive number of examples; got {n}.")
+    seed = validate.integer(seed, "seed", minimum=0, error=DataError)
+    if not isinstance(source, (str, os.PathLike)):
+        raise DataError(f"source must be 'wiki' or a path, got {type(source).__name__}.")
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    if split not in ("eval", "calibration", "all"):
+        raise DataError(f"split must be 'eval', 'calibration' or 'all'; got {split!r}.")
+    docs = read_documents(source)
+    if split != "all":
+        docs = [d for d in docs if split_of(d.id) == split]
+    token_lists = _token_ids(tokenizer, [d.text for d in docs], _source_key(source, split))
+    return seq_len, n, seed, fingerprint, docs, token_lists
+
+
+def separator_token_id(tokenizer: Any) -> int:
+    """The token that ends a document in packed rows: EOS, or BOS when the tokenizer has no EOS."""
+    for attr in ("eos_token_id", "bos_token_id"):
+        value = getattr(tokenizer, attr, None)
+        if value is not None:
+            return int(value)
+    raise DataError("The tokenizer has neither an EOS nor a BOS token; interp needs one to separate documents.")
+
+
+def load_packed_examples(
+    source: str | Path,
+    tokenizer: Any,
+    n: int | None,
+    seq_len: int,
+    seed: int = 0,
+    split: Split = "eval",
+) -> Examples:
+    """Fixed-length rows of whole documents joined end to end, for lengths no single document reaches.
+
+    Each row is BOS, then documents in a seeded order, each followed by the separator
+    (:func:`separator_token_id`), until the row holds ``seq_len`` tokens; the document that
+    fills it is cut there and the next row starts with a new document. No document appears in two
+    rows, so rows stay independent, and the first ``T'`` tokens of a row are the same text for
+    every ``T' < T``. A row's id joins its documents' ids with ``+``.
+
+    Args:
+        source, tokenizer, seed, split: as :func:`load_examples`.
+        n: number of rows; ``None`` makes as many as the documents fill.
+        seq_len: T, tokens per row including BOS (at least 2).
+
+    Raises:
+        DataError: as :func:`load_examples`, or when the documents fill fewer than ``n`` rows.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> import interp
+        >>> from interp.data import load_packed_examples
+        >>> from interp.models import tiny_tokenizer
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "docs.txt"
+        >>> _ = path.write_text("\\n\\n".join(f"Document {i} is short." for i in range(40)))
+        >>> ex = load_packed_examples(path, tiny_tokenizer(), n=3, seq_len=64, split="all")
+        >>> tuple(ex.tokens.shape), ex.ids[0].count("+") > 0  # short documents share a row
+        ((3, 64), True)
+    """
+    seq_len, n, seed, fingerprint, docs, token_lists = _documents(source, tokenizer, n, seq_len, seed, split)
+    usable = [i for i, t in enumerate(token_lists) if t]
+    order = torch.randperm(len(usable), generator=torch.Generator().manual_seed(seed)).tolist()
+    sep, bos = separator_token_id(tokenizer), bos_token_id(tokenizer)
+    rows: list[list[int]] = []
+    members: list[list[int]] = []
+    row, used = [bos], []
+    for k in order:
+        i = usable[k]
+        row.extend([*token_lists[i], sep])
+        used.append(i)
+        if len(row) >= seq_len:
+            rows.append(row[:seq_len])
+            members.append(used)
+            if n is not None and len(rows) == n:
+                break
+            row, used = [bos], []
+    if not rows or (n is not None and len(rows) < n):
+        raise DataError(f"Asked for {n} packed rows of {seq_len} tokens from {source!s} ({split} split), but its "
+                        f"{len(usable)} documents fill only {len(rows)}. Lower n or seq_len.")
+    settings = {"source": str(source), "seq_len": seq_len, "seed": seed, "split": split, "n": len(rows),
+                "packed": True, "separator": sep}
+    return Examples(
+        tokens=torch.tensor(rows, dtype=torch.long),
+        texts=["\n\n".join(docs[i].text for i in used) for used in members],
+        ids=["+".join(docs[i].id for i in used) for used in members],
         settings=settings,
         tokenizer=fingerprint,
         vocab_size=len(tokenizer),

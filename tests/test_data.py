@@ -100,3 +100,50 @@ def test_wiki_examples_with_real_tokenizer_count(smol):
 
 
 test_wiki_examples_with_real_tokenizer_count = pytest.mark.integration(test_wiki_examples_with_real_tokenizer_count)
+
+
+# --- packed rows -------------------------------------------------------------------------------
+
+
+def test_packed_rows_rebuild_from_their_documents(tok):
+    """Each packed row is BOS, then its documents' tokens each followed by the separator, cut at T; rebuilt here
+    from the row's own document ids, independently of the packer's loop."""
+    from interp.data import load_packed_examples, read_documents, separator_token_id
+
+    ex = load_packed_examples("wiki", tok, n=12, seq_len=200, seed=3)
+    texts = {d.id: d.text for d in read_documents("wiki")}
+    sep = separator_token_id(tok)
+    used: list[str] = []
+    for row, row_id in zip(ex.tokens.tolist(), ex.ids, strict=True):
+        members = row_id.split("+")
+        stream = [tok.bos_token_id]
+        for doc in members:
+            stream += tok(texts[doc], add_special_tokens=False)["input_ids"] + [sep]
+        assert row == stream[:200]
+        # whole documents until the row is full: without its last member the row would not be full
+        assert len(stream) - len(tok(texts[members[-1]], add_special_tokens=False)["input_ids"]) - 1 < 200
+        used += members
+    assert len(used) == len(set(used))  # no document in two rows
+    assert all(split_of(d) == "eval" for d in used)
+
+
+def test_packed_rows_are_seeded(tok):
+    from interp.data import load_packed_examples
+
+    a = load_packed_examples("wiki", tok, n=6, seq_len=4096, seed=5)
+    b = load_packed_examples("wiki", tok, n=6, seq_len=4096, seed=5)
+    assert a.ids == b.ids and torch.equal(a.tokens, b.tokens)
+    assert load_packed_examples("wiki", tok, n=6, seq_len=4096, seed=6).ids != a.ids
+    # a document shorter than T joins the next one, so rows reach lengths no single document has
+    assert any("+" in i for i in a.ids)
+
+
+def test_packed_rows_refuse_more_than_the_documents_fill(tok, tmp_path):
+    from interp.data import load_packed_examples
+
+    path = tmp_path / "docs.txt"
+    path.write_text("\n\n".join(f"Document {i} says little." for i in range(10)))
+    with pytest.raises(DataError, match=r"fill only \d+"):
+        load_packed_examples(path, tok, n=50, seq_len=64, split="all")
+    with pytest.raises(DataError, match="n must be a positive"):
+        load_packed_examples(path, tok, n=0, seq_len=64, split="all")

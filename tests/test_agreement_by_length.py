@@ -1,0 +1,92 @@
+"""Agreement by length: the statistics on a simulated design, the prefix construction, and the committed run.
+
+The simulated design has a known answer. Each example has a true error shared by every method
+(agreement 1 without noise), and each token adds independent noise. Then the observed agreement must rise
+with the number of targets, the split-half reliability must follow the Spearman-Brown prophecy, and
+the disjoint-token correction must stay near 1 at every length.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from interp.quant import length as ln
+from interp.quant import protocol as pr
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "data" / "reproduction" / "agreement_by_length"
+
+
+def _design(n: int = 400, width: int = 255, noise: float = 3.0, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    truth = rng.normal(0.0, 1.0, size=(n, 1))
+    ref = rng.normal(2.0, 1.0, size=(n, width))
+    out = {"reference": ref}
+    for name in ("rtn:bits=3,group=64", "nf:bits=3,group=64", "hqq:bits=3,group=64"):
+        out[name] = ref + truth + rng.normal(0.0, noise, size=(n, width))
+    return out
+
+
+def test_simulated_design_agreement_rises_with_length_and_the_correction_stays_near_one():
+    table = ln.table_from_tokens(_design(), [32, 64, 256], n_boot=300, seed=0)
+    # the true per-example agreement of the design: var(truth) / (var(truth) + noise^2 / targets)
+    expected = 1 / (1 + 9.0 / table["targets"])
+    assert table["pearson"].is_monotonic_increasing
+    for row, want in zip(table.itertuples(), expected, strict=True):
+        assert row.pearson_low <= want <= row.pearson_high
+        assert row.disattenuated_low <= 1.0 <= row.disattenuated_high
+    # the change is paired (the same resamples at every length): it excludes 0 where the levels' intervals overlap
+    assert table["pearson_change"].iloc[0] == 0.0
+    assert table["pearson_change_low"].iloc[-1] > 0
+    # Spearman-Brown: the reliability at k times the targets, predicted from the shortest length
+    assert np.allclose(table["reliability_predicted"], table["mean_reliability"], atol=0.05)
+
+
+def test_a_length_is_the_prefix_of_the_longest_row():
+    """Row T reads the first T - 1 targets: the same numbers as pair_agreement on those columns, computed here."""
+    tokens = _design(n=120, width=127, seed=1)
+    table = ln.table_from_tokens(tokens, [64, 128], n_boot=50, seed=0)
+    specs = [s for s in tokens if s != "reference"]
+    for length in (64, 128):
+        means = pd.DataFrame({s: (tokens[s][:, :length - 1] - tokens["reference"][:, :length - 1]).mean(axis=1)
+                              for s in specs})
+        r = np.corrcoef(means.to_numpy(), rowvar=False)
+        naive = np.mean([r[0, 1], r[0, 2], r[1, 2]])
+        assert table.loc[table["T"] == length, "pearson"].item() == pytest.approx(naive, rel=1e-12)
+
+
+def test_lengths_outside_the_scored_rows_are_refused():
+    with pytest.raises(ln.InterpError, match="lengths must lie in"):
+        ln.table_from_tokens(_design(n=20, width=31), [16, 64], n_boot=10)
+    with pytest.raises(ln.InterpError, match="reference"):
+        ln.table_from_tokens({"rtn:bits=3": np.zeros((4, 8))}, [4], n_boot=10)
+
+
+def test_saved_tokens_round_trip(tmp_path):
+    tokens = {k: v.astype(np.float32) for k, v in _design(n=10, width=15).items()}
+    ln.save_tokens(tmp_path / ln.RAW, tokens, {"order": list(tokens), "seed": 4})
+    back, meta = ln.load_tokens(tmp_path / ln.RAW)
+    assert list(back) == list(tokens) and meta["seed"] == 4
+    assert all(np.array_equal(back[k], tokens[k]) for k in tokens)
+
+
+def test_bad_arguments_exit_2_before_any_load(capsys, tmp_path):
+    assert ln.main(["--out", str(tmp_path), "--lengths", "128,x"]) == 2
+    assert "--lengths takes" in capsys.readouterr().out
+    assert ln.main(["--out", str(tmp_path), "--specs", "rtn:bits=99"]) == 2
+    assert ln.main(["--out", str(tmp_path), "--n", "0"]) == 2
+    assert ln.main(["--out", str(tmp_path / "none"), "--analyse-only"]) == 2
+    assert "run without --analyse-only first" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not (DATA / ln.RAW).is_file(), reason="the agreement-by-length run is not committed")
+def test_committed_table_recomputes_from_the_committed_tokens():
+    tokens, meta = ln.load_tokens(DATA / ln.RAW)
+    table = ln.table_from_tokens(tokens, meta["lengths"], n_boot=1000, seed=meta["seed"])
+    committed = pd.read_csv(DATA / ln.TABLE)
+    pd.testing.assert_frame_equal(table, committed, check_exact=False, rtol=1e-9, atol=1e-12)
+    assert set(tokens) == {"reference", *[str(pr.parse_spec(s)) for s in ln.DEFAULT_SPECS]}
