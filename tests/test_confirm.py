@@ -141,6 +141,12 @@ def test_run_and_analyse_on_a_tiny_model(tmp_path, corpus, monkeypatch):
     stamps = {x: x.stat().st_mtime_ns for x in out.rglob("*.json") if x.parent.name == "localize"}
     confirm.run(p, out, progress=False)  # resumes: nothing recomputed
     assert {x: x.stat().st_mtime_ns for x in stamps} == stamps
+    starts = json.loads((out / "examples.json").read_text())["starts"]  # each (re)start kept, with what was done
+    assert len(starts) == 2 and starts[0]["token_files_done"] == [] and len(starts[1]["token_files_done"]) == 8
+    assert all(s["kernels"] and s["threads"] >= 1 and s["commit"] for s in starts)
+    other = confirm.Preregistration.load(_prereg(tmp_path, corpus, seed=p.seed + 1))  # other held-out examples
+    with pytest.raises(InterpError, match="give this run its own --out folder"):
+        confirm.run(other, out, progress=False)
     result = confirm.analyse(p, out)
     table = result["reproduction"].set_index("claim")
     quant = [c for c in rp.CLAIMS.values() if c.paper == rp.QUANT_PAPER and c.key != "early_exit_logit"]

@@ -41,6 +41,7 @@ import hashlib
 import inspect
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -268,11 +269,18 @@ def run(p: Preregistration, out: str | Path, progress: bool | None = None) -> Pa
     folder = _Folder(Path(out))
     model = load_model(p.model)
     examples = heldout_examples(model.tokenizer, p)
+    start = {"commit": _commit(), "kernels": kernels("cpu"), "threads": torch.get_num_threads(),
+             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "token_files_done": sorted(f.stem for f in (folder.out / "token_nll").glob("*.parquet")),
+             "steps_done": sorted(f.stem for f in (folder.out / "localize").glob("*.json"))}
+    earlier = _earlier_starts(folder.out / "examples.json", list(examples.ids), p)
+    # kernels, threads and commit name the latest start; ``starts`` keeps every (re)start of a run resumed across
+    # machines, with what was already done when it began
     write_json(folder.out / "examples.json", {"ids": list(examples.ids), "settings": examples.settings,
-                                              "vocab": int(model.cfg.d_vocab), "kernels": kernels("cpu"),
-                                              "threads": torch.get_num_threads(), "commit": _commit(),
+                                              "vocab": int(model.cfg.d_vocab), "kernels": start["kernels"],
+                                              "threads": start["threads"], "commit": start["commit"],
                                               "preregistration": p.name,
-                                              "preregistration_sha256": p.sha256})
+                                              "preregistration_sha256": p.sha256, "starts": [*earlier, start]})
     bs = p.batch_size
     calibrations = [load_examples(p.data, model.tokenizer, n=p.calibration_n, seq_len=p.seq_len, seed=s,
                                   split="calibration") for s in p.calibration_seeds]
@@ -305,6 +313,18 @@ def run(p: Preregistration, out: str | Path, progress: bool | None = None) -> Pa
         _localize(folder, p, model, split, calibrations[instance], instance, lens, progress,
                   everything=examples)
     return folder.out
+
+
+def _earlier_starts(path: Path, ids: list[str], p: Preregistration) -> list[dict[str, Any]]:
+    """The earlier starts recorded in a run folder; refuses a folder whose run drew other examples or another
+    registration (resuming it would mix two runs)."""
+    if not path.is_file():
+        return []
+    meta = json.loads(path.read_text())
+    if meta.get("preregistration_sha256") != p.sha256 or meta.get("ids") != ids:
+        raise InterpError(f"{path.parent} holds a run of another registration or of other held-out examples "
+                          f"({meta.get('preregistration')}); give this run its own --out folder.")
+    return list(meta.get("starts", [{k: meta.get(k) for k in ("commit", "kernels", "threads")}]))
 
 
 def _commit() -> str:
