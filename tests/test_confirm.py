@@ -78,12 +78,21 @@ def test_preregistration_is_checked(tmp_path, corpus):
         confirm.Preregistration.load(bad)
 
 
-def test_committed_preregistration_matches_the_rules():
-    """Registration 2's fingerprint is today's: neither the rules nor the statistics changed after it."""
-    p = confirm.Preregistration.load(confirm.PREREG_DIR / "smollm2-confirmatory-2.json")
+@pytest.mark.parametrize("name", ["smollm2-confirmatory-2", "gemma3-confirmatory-1"])
+def test_committed_preregistration_matches_the_rules(name):
+    """The open registrations' fingerprint is today's: neither the rules nor the statistics changed after them."""
+    p = confirm.Preregistration.load(confirm.PREREG_DIR / f"{name}.json")
     p.check_criteria()
     assert len(p.calibration_seeds) - 1 >= 5  # instance 0 selects, at least 5 are measured
-    assert p.exclude_preregistrations == ("smollm2-confirmatory-1",)
+    assert p.n >= 256
+
+
+def test_an_exclusion_must_name_a_registration_on_the_same_model(tmp_path, corpus):
+    """Held-out sets are recomputed with the run's tokenizer: excluding another model's registration would exclude
+    other documents than the ones it used, so loading refuses it."""
+    for name in ("smollm2-confirmatory-1", "no-such-registration"):
+        with pytest.raises(InterpError, match="only a registration on the same model"):
+            confirm.Preregistration.load(_prereg(tmp_path, corpus, exclude_preregistrations=[name]))
 
 
 def test_registration_1_is_kept_and_refused_by_todays_code(tmp_path):

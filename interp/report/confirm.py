@@ -160,6 +160,11 @@ class Preregistration:
         if str(parse_spec(p.patched_spec)) not in {str(parse_spec(s)) for s in p.calibrated_specs}:
             raise InterpError("patched_spec must be one of calibrated_specs (it is selected on one instance and "
                               "measured on the others).")
+        for name in p.exclude_preregistrations:  # held-out sets are recomputed with this run's tokenizer
+            if not (PREREG_DIR / f"{name}.json").is_file() or cls.load(PREREG_DIR / f"{name}.json").model != p.model:
+                raise InterpError(f"exclude_preregistrations names {name!r}, which is not a registration on "
+                                  f"{p.model} in {PREREG_DIR}: its held-out documents are recomputed with this run's "
+                                  "tokenizer, so only a registration on the same model can be excluded.")
         return p
 
     def check_criteria(self) -> None:
