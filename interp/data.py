@@ -353,11 +353,15 @@ def split_of(doc_id: str) -> Literal["eval", "calibration"]:
 
 def bos_token_id(tokenizer: Any) -> int:
     """The tokenizer's BOS id (falling back to EOS for GPT-2-style tokenizers)."""
-    for attr in ("bos_token_id", "eos_token_id"):
+    return _special_token(tokenizer, ("bos_token_id", "eos_token_id"), "start rows")
+
+
+def _special_token(tokenizer: Any, attrs: tuple[str, str], purpose: str) -> int:
+    for attr in attrs:
         value = getattr(tokenizer, attr, None)
         if value is not None:
             return int(value)
-    raise DataError("The tokenizer has neither a BOS nor an EOS token; interp needs one to start rows.")
+    raise DataError(f"The tokenizer has neither a BOS nor an EOS token; interp needs one to {purpose}.")
 
 
 _TOKEN_CACHE: dict[tuple[Any, ...], list[list[int]]] = {}
@@ -471,11 +475,7 @@ def _documents(source: str | Path, tokenizer: Any, n: int | None, seq_len: int, 
 
 def separator_token_id(tokenizer: Any) -> int:
     """The token that ends a document in packed rows: EOS, or BOS when the tokenizer has no EOS."""
-    for attr in ("eos_token_id", "bos_token_id"):
-        value = getattr(tokenizer, attr, None)
-        if value is not None:
-            return int(value)
-    raise DataError("The tokenizer has neither an EOS nor a BOS token; interp needs one to separate documents.")
+    return _special_token(tokenizer, ("eos_token_id", "bos_token_id"), "separate documents")
 
 
 def load_packed_examples(
