@@ -489,7 +489,7 @@ def load_packed_examples(
     """Fixed-length rows of whole documents joined end to end, for lengths no single document reaches.
 
     Each row is BOS, then documents in a seeded order, each followed by the separator
-    (:func:`separator_token_id`), until the row holds ``seq_len`` tokens; the document that
+    (:func:`interp.data.separator_token_id`), until the row holds ``seq_len`` tokens; the document that
     fills it is cut there and the next row starts with a new document. No document appears in two
     rows, so rows stay independent, and the first ``T'`` tokens of a row are the same text for
     every ``T' < T``. A row's id joins its documents' ids with ``+``.
