@@ -389,9 +389,30 @@ def agreement_by_length() -> str:
     return rp.markdown_table(pd.DataFrame(rows))
 
 
+def length_windows() -> str:
+    """The 512-token rows cut into four windows of 127 targets (``interp.quant.length.windows``), from the committed
+    per-token NLL."""
+    from interp.quant import length
+
+    path = DATA / "agreement_by_length" / length.RAW
+    if not path.is_file():
+        return "Not measured yet.\n"
+    tokens, meta = length.load_tokens(path)
+    per_window, across = length.windows(tokens, 127)
+    docs = pd.Series([len(i.split("+")) for i in meta["ids"]])
+    cells = {f"targets {r.first_target + 1}-{r.last_target + 1}": f"{r.pearson:.2f}" for r in per_window.itertuples()}
+    first = pd.DataFrame([{"": "agreement within the window (mean Pearson, 10 pairs)", **cells}])
+    second = pd.DataFrame([{"method": r.spec.split(",")[0], "one method's errors, window against window (mean "
+                            "Pearson over the 6 pairs of windows)": f"{r.pearson_between_windows:.3f}"}
+                           for r in across.itertuples()])
+    return (f"Documents per row: median {docs.median():.0f}, range {docs.min()}-{docs.max()}.\n\n"
+            + rp.markdown_table(first) + "\n" + rp.markdown_table(second))
+
+
 BLOCKS = {"references": references, "levels": levels, "sensitivity": sensitivity, "provenance": provenance,
           "columns": main_table, "controls": confirmatory_controls, "machines": machines, "changed": changed_verdicts,
-          "issue33": issue33_changes, "length": agreement_by_length}
+          "issue33": issue33_changes, "length": agreement_by_length,
+          "length_windows": length_windows}
 
 
 # Capability pages whose verdicts are the reproduction table's rows (a generated ``verdicts`` block each)

@@ -102,3 +102,34 @@ def test_committed_table_recomputes_from_the_committed_tokens():
     # relative over a few hundred terms); the CSV keeps 17 significant digits
     pd.testing.assert_frame_equal(table, committed, check_exact=False, rtol=1e-9, atol=1e-12)
     assert set(tokens) == {"reference", *[str(pr.parse_spec(s)) for s in ln.DEFAULT_SPECS]}
+
+
+def _mixing_design(n: int = 400, windows: int = 4, width: int = 64, noise: float = 3.0, seed: int = 2
+                   ) -> dict[str, np.ndarray]:
+    """Packed rows: each window of a row is another document with its own true error, shared by the methods."""
+    rng = np.random.default_rng(seed)
+    truth = np.repeat(rng.normal(0.0, 1.0, size=(n, windows)), width, axis=1)
+    ref = rng.normal(2.0, 1.0, size=(n, windows * width))
+    out = {"reference": ref}
+    for name in ("rtn:bits=3,group=64", "nf:bits=3,group=64", "hqq:bits=3,group=64"):
+        out[name] = ref + truth + rng.normal(0.0, noise, size=ref.shape)
+    return out
+
+
+def test_when_windows_hold_different_documents_agreement_does_not_rise_and_windows_show_why():
+    tokens = _mixing_design()
+    table = ln.table_from_tokens(tokens, [65, 129, 257], n_boot=300, seed=0)
+    # signal and noise both average over the windows: the design's agreement is 1 / (1 + 9 / 64) at every length
+    want = 1 / (1 + 9.0 / 64)
+    assert all(r.pearson_low <= want <= r.pearson_high for r in table.itertuples())
+    assert table["pearson_change_low"].iloc[-1] < 0 < table["pearson_change_high"].iloc[-1]
+    per_window, across = ln.windows(tokens, 64)
+    # each window's agreement is the design's, within 4 standard errors of a Pearson r, (1 - r^2) / sqrt(n - 3)
+    assert len(per_window) == 4 and np.all(np.abs(per_window["pearson"] - want) < 4 * (1 - want**2) / np.sqrt(397))
+    # independent documents: a method's errors in two windows correlate at 0, within 4 standard errors (1/sqrt(n))
+    assert np.all(np.abs(across["pearson_between_windows"]) < 4 / np.sqrt(400))
+    # the one-document design of the first test: windows share the row's truth, so they correlate strongly
+    _, shared = ln.windows(_design(n=400, width=256), 64)
+    assert np.all(shared["pearson_between_windows"] > 0.3)
+    with pytest.raises(ln.InterpError, match="need rows of at least"):
+        ln.windows(tokens, 200)

@@ -100,6 +100,34 @@ def table_from_tokens(token_nll: Mapping[str, np.ndarray], lengths: Sequence[int
     return table
 
 
+def windows(token_nll: Mapping[str, np.ndarray], width: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Why length may not raise agreement: the rows cut into consecutive windows of ``width`` targets.
+
+    Returns ``(per_window, across)``: per window, the paper-rule agreement (mean Pearson over the pairs) of the
+    window's per-example errors; per method, the mean Pearson between its errors in two different windows of
+    the same rows. If the windows of a row hold different documents and that correlation is near 0, a longer
+    row averages near-independent window errors, signal and noise alike, and its agreement stays at the
+    windows' level instead of rising.
+    """
+    ref = np.asarray(token_nll[REFERENCE], dtype=np.float64)
+    specs = [s for s in token_nll if s != REFERENCE]
+    bounds = [(a, a + width) for a in range(0, ref.shape[1] - width + 1, width)]
+    if len(bounds) < 2:
+        raise InterpError(f"windows of {width} targets need rows of at least {2 * width} targets; these have "
+                          f"{ref.shape[1]}.")
+    idx = [(specs.index(a), specs.index(b)) for a, b in pr.paper_pairs(specs)]
+    means = {s: np.stack([(np.asarray(token_nll[s], dtype=np.float64)[:, a:b] - ref[:, a:b]).mean(axis=1)
+                          for a, b in bounds], axis=1) for s in specs}  # spec -> [N, windows]
+    per_window = pd.DataFrame([{"first_target": a, "last_target": b - 1,
+                                "pearson": pr._pair_r(np.stack([means[s][:, w] for s in specs], axis=1), idx)}
+                               for w, (a, b) in enumerate(bounds)])
+    upper = np.triu_indices(len(bounds), 1)
+    across = pd.DataFrame([{"spec": s, "windows": len(bounds),
+                            "pearson_between_windows": float(np.corrcoef(means[s], rowvar=False)[upper].mean())}
+                           for s in specs])
+    return per_window, across
+
+
 def measure(model: Any, examples: Any, specs: Sequence[str], calibration: Any, store: str | Path,
             batch_size: int = 8, progress: bool | None = None) -> dict[str, np.ndarray]:
     """Per-token NLL (float32, as scored) of the reference and each spec on ``examples``; resumable."""
