@@ -363,12 +363,12 @@ def sensitivity() -> str:
     return rp.markdown_table(pd.DataFrame(rows))
 
 
-def agreement_by_length() -> str:
-    """Agreement against row length on the same packed rows (``interp/quant/length.py``), each length read by the
-    agreement claim's own rule (written before the run's numbers existed)."""
-    path = DATA / "agreement_by_length" / "agreement_by_length.csv"
+def _length_table(folder: str) -> str:
+    """Agreement against row length on the same rows (``interp/quant/length.py``), each length read by the
+    agreement claim's own rule (written before the runs' numbers existed)."""
+    path = DATA / folder / "agreement_by_length.csv"
     if not path.is_file():
-        return "Not measured yet: run `python -m interp.quant.length --out runs/agreement_by_length`.\n"
+        return "Not measured yet.\n"
     table = pd.read_csv(path)
     first = int(table["T"].iloc[0])
     rows = []
@@ -389,30 +389,47 @@ def agreement_by_length() -> str:
     return rp.markdown_table(pd.DataFrame(rows))
 
 
+def agreement_by_length() -> str:
+    """Packed rows: whole documents joined end to end, to 512 tokens."""
+    return _length_table("agreement_by_length")
+
+
+def agreement_by_length_documents() -> str:
+    """One document per row, the paper's design, as far as the bundled documents reach (192 tokens)."""
+    return _length_table("agreement_by_length_documents")
+
+
 def length_windows() -> str:
-    """The 512-token rows cut into four windows of 127 targets (``interp.quant.length.windows``), from the committed
-    per-token NLL."""
+    """Both designs' rows cut into consecutive windows (``interp.quant.length.windows``), from the committed per-token
+    NLL: how much the methods agree within a window, and how much one method's error carries from one window of a
+    row to the next."""
     from interp.quant import length
 
-    path = DATA / "agreement_by_length" / length.RAW
-    if not path.is_file():
-        return "Not measured yet.\n"
-    tokens, meta = length.load_tokens(path)
-    per_window, across = length.windows(tokens, 127)
-    docs = pd.Series([len(i.split("+")) for i in meta["ids"]])
-    cells = {f"targets {r.first_target + 1}-{r.last_target + 1}": f"{r.pearson:.2f}" for r in per_window.itertuples()}
-    first = pd.DataFrame([{"": "agreement within the window (mean Pearson, 10 pairs)", **cells}])
-    second = pd.DataFrame([{"method": r.spec.split(",")[0], "one method's errors, window against window (mean "
-                            "Pearson over the 6 pairs of windows)": f"{r.pearson_between_windows:.3f}"}
-                           for r in across.itertuples()])
-    return (f"Documents per row: median {docs.median():.0f}, range {docs.min()}-{docs.max()}.\n\n"
-            + rp.markdown_table(first) + "\n" + rp.markdown_table(second))
+    designs = (("one document per row, 192 tokens", "agreement_by_length_documents", 95),
+               ("packed rows, 512 tokens", "agreement_by_length", 127))
+    rows = []
+    for name, folder, width in designs:
+        path = DATA / folder / length.RAW
+        if not path.is_file():
+            continue
+        tokens, meta = length.load_tokens(path)
+        per_window, across = length.windows(tokens, width)
+        docs = pd.Series([len(i.split("+")) for i in meta["ids"]])
+        carried = across["pearson_between_windows"]
+        rows.append({"rows": name,
+                     "documents per row (median, range)": f"{docs.median():.0f} ({docs.min()}-{docs.max()})",
+                     "windows of targets": f"{len(per_window)} x {width}",
+                     "agreement within each window (mean Pearson, 10 pairs)": ", ".join(
+                         f"{x:.2f}" for x in per_window["pearson"]),
+                     "one method's error, window against window (mean over methods, range)":
+                         f"{carried.mean():.2f} ({carried.min():.2f}-{carried.max():.2f})"})
+    return rp.markdown_table(pd.DataFrame(rows)) if rows else "Not measured yet.\n"
 
 
 BLOCKS = {"references": references, "levels": levels, "sensitivity": sensitivity, "provenance": provenance,
           "columns": main_table, "controls": confirmatory_controls, "machines": machines, "changed": changed_verdicts,
           "issue33": issue33_changes, "length": agreement_by_length,
-          "length_windows": length_windows}
+          "length_windows": length_windows, "length_documents": agreement_by_length_documents}
 
 
 # Capability pages whose verdicts are the reproduction table's rows (a generated ``verdicts`` block each)

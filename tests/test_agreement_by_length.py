@@ -93,15 +93,17 @@ def test_bad_arguments_exit_2_before_any_load(capsys, tmp_path):
     assert "run without --analyse-only first" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(not (DATA / ln.RAW).is_file(), reason="the agreement-by-length run is not committed")
-def test_committed_table_recomputes_from_the_committed_tokens():
-    tokens, meta = ln.load_tokens(DATA / ln.RAW)
+@pytest.mark.parametrize("folder", ["agreement_by_length", "agreement_by_length_documents"])
+def test_committed_table_recomputes_from_the_committed_tokens(folder):
+    data = DATA.parent / folder
+    tokens, meta = ln.load_tokens(data / ln.RAW)
     table = ln.table_from_tokens(tokens, meta["lengths"], n_boot=1000, seed=meta["seed"])
-    committed = pd.read_csv(DATA / ln.TABLE)
+    committed = pd.read_csv(data / ln.TABLE)
     # the same float32 inputs and the same float64 code: only summation order can differ between CPUs (about 1e-15
     # relative over a few hundred terms); the CSV keeps 17 significant digits
     pd.testing.assert_frame_equal(table, committed, check_exact=False, rtol=1e-9, atol=1e-12)
     assert set(tokens) == {"reference", *[str(pr.parse_spec(s)) for s in ln.DEFAULT_SPECS]}
+    assert meta["settings"].get("packed", False) == (folder == "agreement_by_length")
 
 
 def _mixing_design(n: int = 400, windows: int = 4, width: int = 64, noise: float = 3.0, seed: int = 2
