@@ -184,8 +184,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--analyse-only", action="store_true",
                         help=f"recompute the table from --out/{RAW} (at the lengths recorded there)")
     args = parser.parse_args(argv)
-    from interp.errors import InterpError as _Error
-
     try:
         lengths = sorted({int(x) for x in args.lengths.split(",")})
     except ValueError:
@@ -195,13 +193,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.analyse_only:
             if not (out / RAW).is_file():
-                raise _Error(f"{out} holds no {RAW}: run without --analyse-only first.")
+                raise InterpError(f"{out} holds no {RAW}: run without --analyse-only first.")
             token_nll, meta = load_tokens(out / RAW)
         else:
             token_nll, meta = _run(args, lengths, out)
         table = table_from_tokens(token_nll, meta["lengths"] if args.analyse_only else lengths, n_boot=args.n_boot,
                                   seed=meta["seed"])
-    except _Error as exc:
+    except InterpError as exc:
         print(f"error: {exc}")
         return 2
     from interp.io import write_file
