@@ -213,3 +213,18 @@ def test_the_documented_command_matches_registration_2(tmp_path):
     assert done.stdout.startswith("error: ") and "holds no run" in done.stdout and "Traceback" not in done.stderr
     assert "changed after pre-registration" not in done.stdout
     assert not (tmp_path / "run").exists()
+
+
+def test_a_committed_run_in_progress_belongs_to_its_registration():
+    """A run committed between sessions (``docs/data/reproduction/<name>/run-in-progress``) is the registration's own:
+    its examples.json names the registration's SHA-256 and as many held-out ids as it asks for, every token file is
+    one of the run's labels, and each (re)start is recorded."""
+    for folder in sorted((confirm.REPO / "docs" / "data" / "reproduction").glob("*/run-in-progress")):
+        p = confirm.Preregistration.load(confirm.PREREG_DIR / f"{folder.parent.name}.json")
+        meta = json.loads((folder / "examples.json").read_text())
+        assert meta["preregistration_sha256"] == p.sha256 and len(meta["ids"]) == p.n
+        assert meta["starts"] and all(s["commit"] and s["kernels"] for s in meta["starts"])
+        labels = ["reference", *[confirm._label(s, None) for s in p.free_specs],
+                  *[confirm._label(s, i) for i in range(len(p.calibration_seeds)) for s in p.calibrated_specs]]
+        stems = {confirm._Folder(folder).token_path(label).stem for label in labels}
+        assert {f.stem for f in (folder / "token_nll").glob("*.parquet")} <= stems
