@@ -478,6 +478,7 @@ def separator_token_id(tokenizer: Any) -> int:
     return _special_token(tokenizer, ("eos_token_id", "bos_token_id"), "separate documents")
 
 
+@checked
 def load_packed_examples(
     source: str | Path,
     tokenizer: Any,
