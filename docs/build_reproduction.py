@@ -53,6 +53,11 @@ CONFIRMATORY = DATA / "smollm2-confirmatory-1"
 BEFORE_ISSUE33 = DATA / "side_by_side_before_issue33.csv"  # every column's verdicts under the rules before issue 33
 RECORDED = "SmolLM2 confirmatory-1 (as recorded)"
 POST_HOC = "SmolLM2 confirmatory-1 re-read (post hoc)"
+# The registrations analysed under today's rules (their fingerprint binds them): column name -> committed folder.
+# Each becomes a column once its run is complete and analysed (``reproduction.csv`` exists); its raw data sit in
+# ``raw/``, from which ``python -m interp.report.confirm PREREG --out FOLDER/raw --analyse-only`` recomputes it.
+REGISTERED = {"SmolLM2 confirmatory-2 (n=420)": DATA / "smollm2-confirmatory-2",
+              "Gemma-3-270m confirmatory-1 (n=256)": DATA / "gemma3-confirmatory-1"}
 RELABELLED = {"consistent with the paper": rp.CONSISTENT}  # registration 1's name for the same conclusion set
 _INTERVAL = re.compile(r"(-?\d+(?:\.\d+)?)(%?) \[(-?\d+(?:\.\d+)?)%?, (-?\d+(?:\.\d+)?)%?\]")
 
@@ -187,8 +192,14 @@ def columns() -> dict[str, pd.DataFrame]:
     tables = {"SmolLM2 exploratory (n=128)": report_table(EXPLORATORY)}
     tables[RECORDED] = _recorded()
     tables[POST_HOC] = rp.reproduction_frame(confirmatory1_measurements())
+    tables.update({name: pd.read_csv(folder / "reproduction.csv") for name, folder in registered().items()})
     tables["Gemma-3-270m (n=128)"] = report_table(GEMMA)
     return tables
+
+
+def registered() -> dict[str, Path]:
+    """The registrations run under today's rules whose analysis is committed."""
+    return {name: folder for name, folder in REGISTERED.items() if (folder / "reproduction.csv").is_file()}
 
 
 def main_table() -> str:
@@ -218,6 +229,17 @@ def provenance() -> str:
                         "selected and measured on": f"D_large selected on instance 0, measured on instances 1-"
                                                     f"{s['instances'] - 1}; pre-registration `{s['preregistration']}` "
                                                     f"(SHA-256 {s['preregistration_sha256'][:12]})"})
+    for at, (name, folder) in enumerate(registered().items(), start=3):
+        s = json.loads((folder / "summary.json").read_text())
+        starts = json.loads((folder / "raw" / "examples.json").read_text()).get("starts", [])
+        rows.insert(at, {"column": name, "data": f"`{folder.relative_to(ROOT)}` (raw data in `raw/`)",
+                         "examples": f"{s['n']} x 128 (held out), D_large {s['d_large']}", "methods": 5,
+                         "CPU kernels": ", ".join(sorted({st["kernels"] for st in starts})) or s["kernels"],
+                         "selected and measured on": f"D_large selected on instance 0, measured on instances 1-"
+                                                     f"{s['instances'] - 1} (crossed interval); pre-registration "
+                                                     f"`{s['preregistration']}` (SHA-256 "
+                                                     f"{s['preregistration_sha256'][:12]}); run in {len(starts)} "
+                                                     f"start(s)"})
     return rp.markdown_table(pd.DataFrame(rows))
 
 
@@ -248,26 +270,43 @@ def machines() -> str:
 
 
 def confirmatory_controls() -> str:
-    if not (CONFIRMATORY / "controls_restoration.csv").exists():
-        return "The confirmatory run has not been analysed yet.\n"
-    parts = []
+    """Every analysed registration's control tables, registration 1 first."""
+    folders = {"SmolLM2 confirmatory-1": CONFIRMATORY, **registered()}
+    parts = [_controls(name, folder) for name, folder in folders.items() if (folder / "controls_restoration.csv").exists()]
+    return "\n".join(parts) if parts else "The confirmatory run has not been analysed yet.\n"
+
+
+def _controls(column: str, folder: Path) -> str:
+    parts = [f"#### {column}\n"]
     for name, title, digits in (("controls_restoration", "Restoration against its nulls (recovery, NLL scale)", 3),
                                 ("controls_early_exit", "Early-exit split share at three split rules", 3),
                                 ("controls_h_mse_all_examples", "corr(||h||, MLP-output MSE) per layer over all "
-                                 "held-out examples, instance 1", 3),
+                                 "held-out examples", 3),
                                 ("patching", "Patching, per component (recovery, NLL and perplexity scales)", 3)):
-        if not (CONFIRMATORY / f"{name}.csv").exists():
+        if not (folder / f"{name}.csv").exists():
             continue
-        frame = pd.read_csv(CONFIRMATORY / f"{name}.csv")
+        frame = pd.read_csv(folder / f"{name}.csv")
         if name == "controls_h_mse_all_examples":  # the two halves' MSE columns say nothing here
-            frame = frame[["layer", "corr_h_mse", "corr_low", "corr_high"]]
-        parts.append(f"**{title}** (`{(CONFIRMATORY / name).relative_to(ROOT)}.csv`)\n\n"
+            keep = ["layer", "corr_h_mse", "corr_low", "corr_high"]
+            if "instance" in frame and frame["instance"].nunique() > 1:  # one row per layer: the range over instances
+                level = rp.H_MSE_LEVEL
+                frame = frame.assign(above=frame["corr_low"] > level, below=frame["corr_high"] < level)
+                frame = frame.groupby("layer").agg(
+                    corr_h_mse=("corr_h_mse", "mean"), corr_low=("corr_low", "min"), corr_high=("corr_high", "max"),
+                    instances_wholly_above=("above", "sum"), instances_wholly_below=("below", "sum")).reset_index()
+                keep += ["instances_wholly_above", "instances_wholly_below"]
+                title += (", mean over the measured instances (low: the lowest instance's low end, high: the "
+                          f"highest's), and how many instances lie wholly above and wholly below {level}")
+            else:
+                title += ", instance 1"
+            frame = frame[keep]
+        parts.append(f"**{title}** (`{(folder / name).relative_to(ROOT)}.csv`)\n\n"
                      + rp.markdown_table(frame.round(digits)))
-    summary = json.loads((CONFIRMATORY / "summary.json").read_text())
+    summary = json.loads((folder / "summary.json").read_text())
     rows = [{"method": k, "self-agreement Pearson": _fmt(v["pearson"]), "top-10% Jaccard": _fmt(v["jaccard"])}
             for k, v in summary["self_agreement"].items()]
-    parts.append("**Across-instance self-agreement** (the same method, three calibration samples)\n\n"
-                 + rp.markdown_table(pd.DataFrame(rows)))
+    parts.append(f"**Across-instance self-agreement** (the same method, {summary['instances']} calibration "
+                 "samples)\n\n" + rp.markdown_table(pd.DataFrame(rows)))
     return "\n".join(parts)
 
 
@@ -340,6 +379,29 @@ def issue33_changes() -> str:
     frame = pd.DataFrame(rows)
     frame = frame[frame["before"].replace(RELABELLED) != frame["now"]]
     return rp.markdown_table(frame)
+
+
+def registration_changes() -> str:
+    """Registration 1's verdicts (as recorded, and re-read post hoc) against each later registration's, claim by
+    claim: every row whose verdict differs from registration 1's recorded one, with the later column's reason."""
+    cols = columns()
+    later = registered()
+    if not later:
+        return "No later registration has been analysed yet.\n"
+    rows = []
+    recorded, post_hoc = cols[RECORDED].set_index("claim"), cols[POST_HOC].set_index("claim")
+    for name in later:
+        table = cols[name].set_index("claim")
+        for claim in table.index:
+            old, new = str(recorded.loc[claim, "verdict"]), str(table.loc[claim, "verdict"])
+            if old != new:
+                rows.append({"column": name, "claim": claim, "registration 1 (as recorded)": old,
+                             "registration 1 re-read (post hoc)": str(post_hoc.loc[claim, "verdict"]),
+                             "now": new, "measured now": str(table.loc[claim, "measured here"]),
+                             "why (today's rule)": str(table.loc[claim, "why"])})
+    if not rows:
+        return "Every verdict is the same as registration 1's.\n"
+    return rp.markdown_table(pd.DataFrame(rows))
 
 
 def sensitivity() -> str:
@@ -428,7 +490,7 @@ def length_windows() -> str:
 
 BLOCKS = {"references": references, "levels": levels, "sensitivity": sensitivity, "provenance": provenance,
           "columns": main_table, "controls": confirmatory_controls, "machines": machines, "changed": changed_verdicts,
-          "issue33": issue33_changes, "length": agreement_by_length,
+          "issue33": issue33_changes, "registrations": registration_changes, "length": agreement_by_length,
           "length_windows": length_windows, "length_documents": agreement_by_length_documents}
 
 
