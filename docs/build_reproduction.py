@@ -25,6 +25,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -404,6 +405,55 @@ def registration_changes() -> str:
     return rp.markdown_table(pd.DataFrame(rows))
 
 
+def selection_rotation() -> str:
+    """The selection step rotated over every calibrated instance, from a registration's committed per-token NLL.
+
+    The run selects D_large (the top 10% of the patched method's per-example error) on instance 0 and measures on
+    instances 1-5. Here each instance j selects in turn (the top 10% of its own error, no deduplication), and the
+    selected set's excess error (its mean error minus the mean over all examples) is read on j itself and on every
+    other instance k: the held-out share (excess on the others / excess on j) is what the selection keeps once the
+    selecting instance's own noise is removed. A diagnostic, not a verdict: the localization steps (patching,
+    restoration, early exit) were run for instance 0's selection only."""
+    import torch
+
+    from interp.data import Examples
+    from interp.report import confirm
+    from interp.stats import jaccard, top_count
+
+    rows = []
+    for name, folder in registered().items():
+        raw = folder / "raw"
+        p = confirm.Preregistration.load(confirm.PREREG_DIR / f"{folder.name}.json")
+        ids = json.loads((raw / "examples.json").read_text())["ids"]
+        errors = confirm._errors(confirm._Folder(raw), p, Examples.from_tokens(
+            torch.zeros(len(ids), 2, dtype=torch.long), ids=ids))
+        k = top_count(len(ids), p.top)
+        registered_large = set(json.loads((raw / "split.json").read_text())["large"])
+        for spec in p.calibrated_specs:
+            labels = [confirm._label(spec, i) for i in range(len(p.calibration_seeds))]
+            e = errors[labels].to_numpy(dtype=float)
+            selected = [np.argsort(-e[:, j], kind="stable")[:k] for j in range(e.shape[1])]
+            if spec == p.patched_spec and {ids[i] for i in selected[0]} != registered_large:
+                raise SystemExit(f"{folder.name}: instance 0's top {k} is not the committed D_large")
+            excess = e - e.mean(axis=0)
+            own = np.array([excess[sel, j].mean() for j, sel in enumerate(selected)])
+            held = np.array([[excess[sel, m].mean() for m in range(e.shape[1]) if m != j]
+                             for j, sel in enumerate(selected)])
+            share = held.mean(axis=1) / own
+            pairs = [jaccard({*a.tolist()}, {*b.tolist()}) for i, a in enumerate(selected) for b in selected[i + 1:]]
+            rows.append({"column": name, "method (selects)": spec.split(":")[0].upper() + "-3"
+                         + (" (the patched method)" if spec == p.patched_spec else ""),
+                         "instances": e.shape[1], "D_large": k,
+                         "excess error on the selecting instance (nats, mean; range)":
+                             f"{own.mean():.3f} ({own.min():.3f}-{own.max():.3f})",
+                         "on the other instances (mean; range over selectors)":
+                             f"{held.mean():.3f} ({held.mean(axis=1).min():.3f}-{held.mean(axis=1).max():.3f})",
+                         "held-out share (mean; range)": f"{share.mean():.2f} ({share.min():.2f}-{share.max():.2f})",
+                         "D_large overlap between selectors (Jaccard, mean; range)":
+                             f"{np.mean(pairs):.2f} ({min(pairs):.2f}-{max(pairs):.2f})"})
+    return rp.markdown_table(pd.DataFrame(rows)) if rows else "No registration with per-instance data yet.\n"
+
+
 def sensitivity() -> str:
     """How much a calibrated 3-bit model moves with the CPU's kernels and with the feeder fix (check.py)."""
     import importlib.util
@@ -490,7 +540,7 @@ def length_windows() -> str:
 
 BLOCKS = {"references": references, "levels": levels, "sensitivity": sensitivity, "provenance": provenance,
           "columns": main_table, "controls": confirmatory_controls, "machines": machines, "changed": changed_verdicts,
-          "issue33": issue33_changes, "registrations": registration_changes, "length": agreement_by_length,
+          "issue33": issue33_changes, "registrations": registration_changes, "rotation": selection_rotation, "length": agreement_by_length,
           "length_windows": length_windows, "length_documents": agreement_by_length_documents}
 
 

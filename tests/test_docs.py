@@ -183,6 +183,25 @@ def test_reproduction_page_is_generated_from_the_committed_data():
     assert builder.main(["--check"]) == 0  # and docs/data/reproduction/side_by_side.csv
 
 
+def test_rotated_selection_overlap_matches_the_registrations_self_agreement():
+    """Two code paths, one quantity: the rotation table's mean D_large overlap between selecting instances
+    (docs/build_reproduction.py, top tenth by argsort) is the top-10% Jaccard of each method with itself across
+    calibration samples that ``confirm.analyse`` stored (``pr.self_agreement``, written before the table)."""
+    import json
+    import re
+
+    import pandas as pd
+
+    builder = _reproduction_builder()
+    rows = [r for r in builder.selection_rotation().splitlines() if r.startswith("| SmolLM2 confirmatory-2")]
+    summary = json.loads((builder.DATA / "smollm2-confirmatory-2" / "summary.json").read_text())["self_agreement"]
+    assert len(rows) == len(summary) == 2
+    for row, (spec, stored) in zip(rows, summary.items(), strict=True):
+        assert spec.split(":")[0].upper() in row
+        overlap = float(re.findall(r"(\d\.\d\d) \(\d\.\d\d-\d\.\d\d\) \|$", row)[0])
+        assert overlap == float(pd.Series([stored["jaccard"]["value"]]).round(2).iloc[0])
+
+
 def test_reproduction_check_catches_a_hand_edited_number():
     builder = _reproduction_builder()
     page = (ROOT / "docs" / "reproduction.md").read_text()
