@@ -273,7 +273,8 @@ def machines() -> str:
 def confirmatory_controls() -> str:
     """Every analysed registration's control tables, registration 1 first."""
     folders = {"SmolLM2 confirmatory-1": CONFIRMATORY, **registered()}
-    parts = [_controls(name, folder) for name, folder in folders.items() if (folder / "controls_restoration.csv").exists()]
+    parts = [_controls(name, folder) for name, folder in folders.items()
+             if (folder / "controls_restoration.csv").exists()]
     return "\n".join(parts) if parts else "The confirmatory run has not been analysed yet.\n"
 
 
@@ -540,8 +541,9 @@ def length_windows() -> str:
 
 BLOCKS = {"references": references, "levels": levels, "sensitivity": sensitivity, "provenance": provenance,
           "columns": main_table, "controls": confirmatory_controls, "machines": machines, "changed": changed_verdicts,
-          "issue33": issue33_changes, "registrations": registration_changes, "rotation": selection_rotation, "length": agreement_by_length,
-          "length_windows": length_windows, "length_documents": agreement_by_length_documents}
+          "issue33": issue33_changes, "registrations": registration_changes, "rotation": selection_rotation,
+          "length": agreement_by_length, "length_windows": length_windows,
+          "length_documents": agreement_by_length_documents}
 
 
 # Capability pages whose verdicts are the reproduction table's rows (a generated ``verdicts`` block each)
