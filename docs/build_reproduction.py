@@ -383,26 +383,42 @@ def issue33_changes() -> str:
     return rp.markdown_table(frame)
 
 
+# What each registration is read against: the earlier column on the same model (and, for SmolLM2, registration 1's
+# post hoc re-reading beside it, which says whether a change comes from today's rules or from the new data)
+EARLIER_COLUMN = {"SmolLM2 confirmatory-2 (n=420)": (RECORDED, POST_HOC),
+                  "Gemma-3-270m confirmatory-1 (n=256)": ("Gemma-3-270m (n=128)", None)}
+
+
+def _reread(row: pd.Series) -> str:
+    """A re-read verdict; an instance-limited one with what the rule reads over the examples alone (its reason
+    says), which tells a change of rules from a change of data."""
+    verdict = str(row["verdict"])
+    alone = re.search(r"over the examples alone the rule reads '([^']+)'", str(row["why"]))
+    return f"{verdict} (over the examples alone: {alone.group(1)})" if verdict == rp.INSTANCE_LIMITED and alone \
+        else verdict
+
+
 def registration_changes() -> str:
-    """Registration 1's verdicts (as recorded, and re-read post hoc) against each later registration's, claim by
-    claim: every row whose verdict differs from registration 1's recorded one, with the later column's reason."""
+    """Each registration's verdicts against the earlier column on the same model, claim by claim: every row whose
+    verdict differs, with the earlier column's re-reading under today's rules where there is one, and the
+    registration's reason."""
     cols = columns()
-    later = registered()
-    if not later:
+    if not registered():
         return "No later registration has been analysed yet.\n"
     rows = []
-    recorded, post_hoc = cols[RECORDED].set_index("claim"), cols[POST_HOC].set_index("claim")
-    for name in later:
-        table = cols[name].set_index("claim")
+    for name in registered():
+        earlier, reread = EARLIER_COLUMN[name]
+        table, before = cols[name].set_index("claim"), cols[earlier].set_index("claim")
         for claim in table.index:
-            old, new = str(recorded.loc[claim, "verdict"]), str(table.loc[claim, "verdict"])
+            old, new = str(before.loc[claim, "verdict"]), str(table.loc[claim, "verdict"])
             if old != new:
-                rows.append({"column": name, "claim": claim, "registration 1 (as recorded)": old,
-                             "registration 1 re-read (post hoc)": str(post_hoc.loc[claim, "verdict"]),
+                rows.append({"column": name, "claim": claim, "earlier column": earlier, "its verdict": old,
+                             "its numbers under today's rules": "" if reread is None else
+                             _reread(cols[reread].set_index("claim").loc[claim]),
                              "now": new, "measured now": str(table.loc[claim, "measured here"]),
                              "why (today's rule)": str(table.loc[claim, "why"])})
     if not rows:
-        return "Every verdict is the same as registration 1's.\n"
+        return "Every verdict is the same as the earlier column's.\n"
     return rp.markdown_table(pd.DataFrame(rows))
 
 
