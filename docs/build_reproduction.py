@@ -402,9 +402,9 @@ def registration_changes() -> str:
     """Each registration's verdicts against the earlier column on the same model, claim by claim: every row whose
     verdict differs, with the earlier column's re-reading under today's rules where there is one, and the
     registration's reason."""
-    cols = columns()
     if not registered():
         return "No later registration has been analysed yet.\n"
+    cols = columns()
     rows = []
     for name in registered():
         earlier, reread = EARLIER_COLUMN[name]
