@@ -193,8 +193,12 @@ def columns() -> dict[str, pd.DataFrame]:
     tables = {"SmolLM2 exploratory (n=128)": report_table(EXPLORATORY)}
     tables[RECORDED] = _recorded()
     tables[POST_HOC] = rp.reproduction_frame(confirmatory1_measurements())
-    tables.update({name: pd.read_csv(folder / "reproduction.csv") for name, folder in registered().items()})
-    tables["Gemma-3-270m (n=128)"] = report_table(GEMMA)
+    done = registered()
+    tables.update({name: pd.read_csv(folder / "reproduction.csv") for name, folder in done.items()
+                   if not name.startswith("Gemma")})
+    tables["Gemma-3-270m (n=128)"] = report_table(GEMMA)  # each model's registrations follow its earlier columns
+    tables.update({name: pd.read_csv(folder / "reproduction.csv") for name, folder in done.items()
+                   if name.startswith("Gemma")})
     return tables
 
 
@@ -471,6 +475,53 @@ def selection_rotation() -> str:
     return rp.markdown_table(pd.DataFrame(rows)) if rows else "No registration with per-instance data yet.\n"
 
 
+# per-example NLL, nats: an identical model on two CPUs moved <= 1.1e-6 here, a requantized one 0.1-0.4
+SAME_MODEL_NATS = 1e-4
+
+
+def _made_in(starts: list[dict], field: str, item: str) -> int:
+    """The (1-based) start of a resumed run that produced ``item``: the first whose successor lists it as done
+    when it began (``field``), else the last."""
+    for n, start in enumerate(starts[:-1], start=1):
+        if item not in start.get(field, []) and item in starts[n].get(field, []):
+            return n
+    return len(starts)
+
+
+def localization_models() -> str:
+    """Whether each instance's localization steps ran on the model whose per-token NLL the run recorded.
+
+    Read from the raw data alone: ``patching#k`` records its target (the quantized model's per-example NLL on
+    D_large), and the token file of instance k records the same examples. The same model gives the same numbers
+    up to float32 rounding (under 1.1e-6 nats for the reference across two machines); a model quantized again,
+    on a machine whose float32 sums add in another order, gives others."""
+    from interp.report import confirm
+
+    rows = []
+    for name, folder in registered().items():
+        raw = folder / "raw"
+        p = confirm.Preregistration.load(confirm.PREREG_DIR / f"{folder.name}.json")
+        meta = json.loads((raw / "examples.json").read_text())
+        starts = meta.get("starts", [])
+        rows_of = [meta["ids"].index(i) for i in json.loads((raw / "split.json").read_text())["large"]]
+        tokens = confirm._Folder(raw)
+        for k in range(1, len(p.calibration_seeds)):
+            label = confirm._label(p.patched_spec, k)
+            step = json.loads((raw / "localize" / f"patching#{k}.json").read_text())
+            recorded = tokens.tokens(label).mean(axis=1)[rows_of]
+            diff = float(np.abs(np.asarray(step["target"], dtype=float) - recorded).max())
+            token_start = _made_in(starts, "token_files_done", tokens.token_path(label).stem)
+            ran = _made_in(starts, "steps_done", f"patching#{k}")
+            rows.append({"column": name, "instance": k, "per-token NLL recorded in start": token_start,
+                         "localization run in start": ran,
+                         # shown as a bound where it is float32 rounding, which differs by CPU
+                         "largest per-example difference on D_large (nats)":
+                             "< 1e-6" if diff < 1e-6 else "< 1e-4" if diff <= SAME_MODEL_NATS else f"{diff:.2f}",
+                         "localization ran on": "the recorded model" if diff <= SAME_MODEL_NATS else
+                         "the same calibration sample quantized again on another machine"})
+    return rp.markdown_table(pd.DataFrame(rows)) if rows else "No registration with per-instance data yet.\n"
+
+
 def sensitivity() -> str:
     """How much a calibrated 3-bit model moves with the CPU's kernels and with the feeder fix (check.py)."""
     import importlib.util
@@ -480,7 +531,9 @@ def sensitivity() -> str:
     spec.loader.exec_module(check)
     rows = []
     for what, a, b in (("AVX2 -> AVX-512 kernels", "smollm2_avx2", "smollm2_avx512"),
-                       ("calibration-feeder fix", "gemma3_feeder_before", "gemma3_feeder_after")):
+                       ("calibration-feeder fix", "gemma3_feeder_before", "gemma3_feeder_after"),
+                       # confirmatory instance 3, as its run recorded it and quantized again one session later
+                       ("AVX-512 kernels, another machine", "gemma3_instance3_recorded", "gemma3_instance3_again")):
         result = check.compare(str(DATA / "sensitivity" / f"{a}.json"), str(DATA / "sensitivity" / f"{b}.json"))
         for key, row in result.items():
             if isinstance(row, dict):
@@ -558,6 +611,7 @@ def length_windows() -> str:
 BLOCKS = {"references": references, "levels": levels, "sensitivity": sensitivity, "provenance": provenance,
           "columns": main_table, "controls": confirmatory_controls, "machines": machines, "changed": changed_verdicts,
           "issue33": issue33_changes, "registrations": registration_changes, "rotation": selection_rotation,
+          "localization_models": localization_models,
           "length": agreement_by_length, "length_windows": length_windows,
           "length_documents": agreement_by_length_documents}
 

@@ -202,6 +202,41 @@ def test_rotated_selection_overlap_matches_the_registrations_self_agreement():
         assert overlap == float(pd.Series([stored["jaccard"]["value"]]).round(2).iloc[0])
 
 
+def test_localization_model_table_agrees_with_the_restoration_step():
+    """A second path to the same fact: each restoration step records its quantized model's NLL on D_large
+    (before any layer is restored), independently of the patching step the table reads. Where that matches the
+    recorded per-token NLL, the table must say the localization ran on the recorded model, and otherwise not."""
+    import json
+
+    import numpy as np
+
+    from interp.report import confirm
+
+    builder = _reproduction_builder()
+    table = builder.localization_models()
+    checked = 0
+    for name, folder in builder.registered().items():
+        raw = folder / "raw"
+        p = confirm.Preregistration.load(confirm.PREREG_DIR / f"{folder.name}.json")
+        ids = json.loads((raw / "examples.json").read_text())["ids"]
+        large = json.loads((raw / "split.json").read_text())["large"]
+        for k in range(1, len(p.calibration_seeds)):
+            recorded = confirm._Folder(raw).tokens(confirm._label(p.patched_spec, k)).mean(axis=1)
+            step = json.loads((raw / "localize" / f"restoration#{k}.json").read_text())
+            same = np.abs(np.asarray(step["quantized"]) - recorded[[ids.index(i) for i in large]]).max() <= 1e-4
+            row = next(r for r in table.splitlines() if r.startswith(f"| {name} | {k} |"))
+            assert row.endswith("| the recorded model |") == bool(same), row
+            checked += 1
+    assert checked >= 5  # registration 2 alone has five measured instances
+
+
+def test_made_in_names_the_start_that_produced_an_item():
+    builder = _reproduction_builder()
+    starts = [{"steps_done": []}, {"steps_done": ["a"]}, {"steps_done": ["a", "b"]}]
+    assert [builder._made_in(starts, "steps_done", x) for x in ("a", "b", "c")] == [1, 2, 3]
+    assert builder._made_in([{"steps_done": []}], "steps_done", "a") == 1
+
+
 def test_reproduction_check_catches_a_hand_edited_number():
     builder = _reproduction_builder()
     page = (ROOT / "docs" / "reproduction.md").read_text()

@@ -65,7 +65,7 @@ from interp.quant.analysis import reversal, split_large_ctrl
 from interp.quant.apply import quantize_cached
 from interp.quant.spec import parse_spec
 from interp.report import reproduction as rp
-from interp.runtime.batching import batches, kernels
+from interp.runtime.batching import batches, cpu_identity, kernels
 from interp.runtime.scoring import token_nll_fn
 from interp.stats import Estimate
 
@@ -274,7 +274,7 @@ def run(p: Preregistration, out: str | Path, progress: bool | None = None) -> Pa
     folder = _Folder(Path(out))
     model = load_model(p.model)
     examples = heldout_examples(model.tokenizer, p)
-    start = {"commit": _commit(), "kernels": kernels("cpu"), "threads": torch.get_num_threads(),
+    start = {"commit": _commit(), "kernels": kernels("cpu"), "cpu": cpu_identity(), "threads": torch.get_num_threads(),
              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "token_files_done": sorted(f.stem for f in (folder.out / "token_nll").glob("*.parquet")),
              "steps_done": sorted(f.stem for f in (folder.out / "localize").glob("*.json"))}

@@ -191,6 +191,29 @@ def kernels(device: torch.device | str = "cpu") -> str:
     return device.type
 
 
+def cpu_identity() -> str:
+    """What :func:`kernels` leaves out: the CPU's model name and its AVX-512 and AMX feature flags.
+
+    Two CPUs with the same kernels label can still add float32 sums in another order (MKL picks code
+    paths by CPU model), and a GPTQ-3 model quantized from the same calibration sample on two
+    AVX-512 machines differs (docs/reproduction.md, "One machine's verdict is not the verdict").
+    A record of a long run names the CPU with this, beside the kernels.
+
+    Example:
+        >>> isinstance(cpu_identity(), str)
+        True
+    """
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown (no /proc/cpuinfo)"
+    lines = info.splitlines()
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    wide = sorted(f for f in flags if f.startswith(("avx512", "amx")))
+    return f"{name}; {' '.join(wide) if wide else 'no AVX-512 or AMX flags'}"
+
+
 @contextmanager
 def torch_threads(n: int) -> Iterator[None]:
     """Run the block on ``n`` torch intra-op threads, then restore the caller's count (even on error).

@@ -13,6 +13,10 @@ Run it twice and compare:
     python check.py --model smollm2-135m --out native.json
 
     python check.py --compare old.json new.json
+    # one calibrated instance of a confirmatory run, as recorded (per-token NLL committed in raw/) and as
+    # quantized again here from the same calibration sample: the same code, another machine
+    python check.py --registration docs/preregistration/gemma3-confirmatory-1.json \
+        --raw docs/data/reproduction/gemma3-confirmatory-1/raw --instance 3 --out recorded.json --again again.json
 
 The comparison gives, per spec, the mean error (NLL minus the reference's) under each, the
 Pearson correlation of the two per-example errors, and the Jaccard overlap of their top-10% sets
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 SPECS = ["gptq:bits=3,group=64,damp=0.01,act_order=1,block=128", "awq:bits=3,group=64"]
 
@@ -45,6 +50,48 @@ def measure(model_name: str, out: str, n: int) -> None:
         del q
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
+
+
+def measure_instance(registration: str, raw: str, instance: int, recorded_out: str, again_out: str) -> None:
+    """Instance ``instance`` of a confirmatory run twice, in :func:`measure`'s format: as its committed per-token
+    NLL recorded it, and quantized again here from the same calibration sample and scored on the same examples."""
+    import numpy as np
+    import torch
+
+    import interp
+    from interp.quant.apply import quantize_cached
+    from interp.report import confirm
+    from interp.runtime.batching import cpu_identity
+
+    p = confirm.Preregistration.load(registration)
+    folder = confirm._Folder(Path(raw))
+    meta = json.loads((Path(raw) / "examples.json").read_text())
+    model = interp.load_model(p.model)
+    ex = confirm.heldout_examples(model.tokenizer, p)
+    if list(ex.ids) != meta["ids"]:
+        raise SystemExit(f"{raw} holds other examples than {registration} draws")
+    cal = interp.load_examples(p.data, model.tokenizer, n=p.calibration_n, seq_len=p.seq_len,
+                               seed=p.calibration_seeds[instance], split="calibration")
+
+    def per_example(label: str) -> list:
+        return folder.tokens(label).mean(axis=1).tolist()
+
+    recorded = {"model": p.model, "cpu_capability": meta["starts"][0]["kernels"].removeprefix("cpu-"),
+                "source": f"{raw} as recorded (start 1: commit {meta['starts'][0]['commit'][:10]})",
+                "reference": per_example("reference"), "ids": meta["ids"]}
+    again = {"model": p.model, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu": cpu_identity(),
+             "source": f"quantized again from calibration seed {p.calibration_seeds[instance]}",
+             "reference": np.mean(confirm._token_nll(model, ex, p.batch_size), axis=1).tolist(), "ids": meta["ids"]}
+    for spec in SPECS:
+        label = confirm._label(spec, instance)
+        recorded[spec] = per_example(label)
+        # through the quantized-model cache, as the run: on the run's machine, the model its localization steps used
+        q = quantize_cached(model, spec, cal, progress=False, batch_size=p.batch_size)
+        again[spec] = np.mean(confirm._token_nll(q, ex, p.batch_size), axis=1).tolist()
+        del q
+    for path, result in ((recorded_out, recorded), (again_out, again)):
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 def compare(a_path: str, b_path: str) -> dict:
@@ -72,8 +119,14 @@ if __name__ == "__main__":
     parser.add_argument("--out", help="write the per-example NLL here")
     parser.add_argument("--n", type=int, default=128, help="evaluation examples (the report's first n)")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"))
+    parser.add_argument("--registration", help="a confirmatory pre-registration (with --raw, --instance, --again)")
+    parser.add_argument("--raw", help="its committed raw folder")
+    parser.add_argument("--instance", type=int, help="the calibrated instance to quantize again")
+    parser.add_argument("--again", help="write the instance quantized again here (--out: as recorded)")
     args = parser.parse_args()
     if args.compare:
         print(json.dumps(compare(*args.compare), indent=1))
+    elif args.registration:
+        measure_instance(args.registration, args.raw, args.instance, args.out, args.again)
     else:
         measure(args.model, args.out, args.n)
