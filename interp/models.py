@@ -789,6 +789,25 @@ def model_hash(model: Any) -> str:
     source = getattr(info, "source_hash", "") if info is not None else ""
     if source:
         return str(source)[:16]
+    return "w" + weights_digest(model)[:15]
+
+
+def weights_digest(model: Any) -> str:
+    """The SHA-256 of every weight's name, shape and float32 value, whatever file the model came from.
+
+    :func:`model_hash` prefers the source file's hash; this reads the weights themselves, so a
+    quantized copy (which keeps its reference's ``info``) gets its own value, and two quantizations
+    that differ in one weight differ here.
+
+    Example:
+        >>> import interp
+        >>> from interp.models import weights_digest
+        >>> a, b = interp.tiny_model("llama", seed=0), interp.tiny_model("llama", seed=0)
+        >>> same = weights_digest(a) == weights_digest(b)
+        >>> _ = a.original_model.lm_head.weight.data.mul_(1 + 2**-20)
+        >>> same, weights_digest(a) == weights_digest(b)
+        (True, False)
+    """
     digest = hashlib.sha256()
     for name, tensor in sorted(canonical_state_dict(model).items()):
         if tensor.is_meta:  # offloaded by a device_map: the weight lives in accelerate's store
@@ -796,4 +815,4 @@ def model_hash(model: Any) -> str:
         digest.update(name.encode())
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
-    return "w" + digest.hexdigest()[:15]
+    return digest.hexdigest()

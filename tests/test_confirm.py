@@ -152,7 +152,11 @@ def test_run_and_analyse_on_a_tiny_model(tmp_path, corpus, monkeypatch):
     assert {x: x.stat().st_mtime_ns for x in stamps} == stamps
     starts = json.loads((out / "examples.json").read_text())["starts"]  # each (re)start kept, with what was done
     assert len(starts) == 2 and starts[0]["token_files_done"] == [] and len(starts[1]["token_files_done"]) == 8
-    assert all(s["kernels"] and s["threads"] >= 1 and s["commit"] for s in starts)
+    assert all(s["kernels"] and s["threads"] >= 1 and s["commit"] and s["cpu"] for s in starts)
+    weights = json.loads((out / "models.json").read_text())  # one quantized model per scored label, reused
+    assert len(weights["scored"]) == 1 + 2 * 3
+    assert sorted(weights["localized"]) == [confirm._label(p.patched_spec, i) for i in (1, 2)]
+    assert all(weights["scored"][label] == d for label, d in weights["localized"].items())
     other = confirm.Preregistration.load(_prereg(tmp_path, corpus, seed=p.seed + 1))  # other held-out examples
     with pytest.raises(InterpError, match="give this run its own --out folder"):
         confirm.run(other, out, progress=False)
@@ -187,6 +191,21 @@ def test_run_and_analyse_on_a_tiny_model(tmp_path, corpus, monkeypatch):
         assert again[name].equals(planted[name]), name
     meta = json.loads((committed / "raw" / "examples.json").read_text())
     assert len(meta["ids"]) == 40 and meta["threads"] >= 1 and meta["commit"] and meta["kernels"]
+
+
+def test_a_localization_on_other_weights_than_scored_is_recorded_and_said(tmp_path, capsys):
+    """A resumed run whose quantized-model cache is gone quantizes again; where the weights differ from the ones
+    the per-token NLL was scored with, models.json keeps both digests and the run says so."""
+    folder = confirm._Folder(tmp_path)
+    a, b = interp.tiny_model("llama", seed=0), interp.tiny_model("llama", seed=0)
+    confirm._record_weights(folder, "scored", "m#1", a)
+    confirm._record_weights(folder, "localized", "m#1", b)  # the same weights: silent
+    assert capsys.readouterr().err == ""
+    b.original_model.lm_head.weight.data[0, 0] += 1e-3
+    confirm._record_weights(folder, "localized", "m#1", b)
+    assert "m#1 is localized on other weights" in capsys.readouterr().err
+    record = json.loads((tmp_path / "models.json").read_text())
+    assert record["scored"]["m#1"] != record["localized"]["m#1"]
 
 
 def test_analysis_of_an_unfinished_run_is_a_clear_error_and_writes_nothing(tmp_path, corpus):

@@ -41,6 +41,7 @@ import hashlib
 import inspect
 import json
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -58,7 +59,7 @@ from interp.io import write_file, write_json
 from interp.localize.patching import gate_input_vs_gate_weights, patching_table
 from interp.localize.restoration import restoration_sweep
 from interp.localize.tuned_lens import tuned_early_exit, tuned_lens_cached
-from interp.models import cache_dir, load_model
+from interp.models import cache_dir, load_model, weights_digest
 from interp.probes import probe
 from interp.quant import protocol as pr
 from interp.quant.analysis import reversal, split_large_ctrl
@@ -301,6 +302,7 @@ def run(p: Preregistration, out: str | Path, progress: bool | None = None) -> Pa
             cal = calibrations[instance] if instance is not None else None
             quantized = quantize_cached(model, spec, cal, cache_dir=cache_dir() / "quantized", progress=progress,
                                         batch_size=bs)
+            _record_weights(folder, "scored", label, quantized)
             values = _token_nll(quantized, examples, bs)
             del quantized
             gc.collect()
@@ -352,6 +354,26 @@ def _norms(model: Any, examples: Examples, bs: int, progress: bool | None) -> di
     return {"layers": [int(x) for x in result.layers], "norms": norms.tolist()}
 
 
+def _record_weights(folder: _Folder, stage: str, label: str, model: Any) -> None:
+    """Keep a quantized model's weights digest in ``models.json``: under ``scored`` when its per-token NLL is
+    written, under ``localized`` when a localization instance loads it.
+
+    A run resumed after its quantized-model cache was lost quantizes again, and on another machine the result
+    differs even under the same kernels label (docs/reproduction.md, "One machine's verdict is not the
+    verdict"). The digests make that visible in the raw data, and the run says so when it happens; each
+    localization step records its own quantized NLL, so the analysis never mixes the two models."""
+    path = folder.out / "models.json"
+    record = json.loads(path.read_text()) if path.is_file() else {"scored": {}, "localized": {}}
+    digest = weights_digest(model)
+    record[stage][label] = digest
+    write_json(path, record)
+    scored = record["scored"].get(label)
+    if stage == "localized" and scored is not None and scored != digest:
+        print(f"note: {label} is localized on other weights than the ones its per-token NLL was scored with "
+              f"(weights digest {digest[:12]}, scored {scored[:12]}): the quantized-model cache of an earlier start "
+              "is gone and this machine quantized it again. models.json records both.", file=sys.stderr)
+
+
 def _localize(folder: _Folder, p: Preregistration, model: Any, split: Any, calibration: Examples, instance: int,
               lens: Any, progress: bool | None, everything: Examples | None = None) -> None:
     bs = p.batch_size
@@ -361,6 +383,7 @@ def _localize(folder: _Folder, p: Preregistration, model: Any, split: Any, calib
         if "model" not in loaded:
             loaded["model"] = quantize_cached(model, p.patched_spec, calibration, cache_dir=cache_dir() / "quantized",
                                               progress=progress, batch_size=bs)
+            _record_weights(folder, "localized", _label(p.patched_spec, instance), loaded["model"])
         return loaded["model"]
 
     def patching() -> dict[str, Any]:
@@ -719,7 +742,8 @@ def _reversal_claims(revs: list[dict[str, Any]], every: list[dict[str, Any]], n_
     }
 
 
-RAW = ("examples.json", "split.json", "localize", "token_nll")  # what analyse reads: the run's raw data
+RAW = ("examples.json", "split.json", "localize", "token_nll",  # what analyse reads: the run's raw data
+       "models.json")  # and the quantized weights' digests (provenance; runs before this file have none)
 
 
 def write_results(result: dict[str, Any], folder: str | Path, raw_from: str | Path | None = None) -> Path:
