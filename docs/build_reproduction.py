@@ -522,6 +522,33 @@ def localization_models() -> str:
     return rp.markdown_table(pd.DataFrame(rows)) if rows else "No registration with per-instance data yet.\n"
 
 
+def patching_rotation() -> str:
+    """The patching step with the selection rotated (docs/data/reproduction/rotation/rotate_patching.py): each
+    instance's own top tenth, patched on the next instance; beside it, the registered result. Post hoc."""
+    rows = []
+    for name, folder in registered().items():
+        summary = DATA / "rotation" / folder.name / "summary.csv"
+        if not summary.is_file():
+            continue
+        table = pd.read_csv(summary)
+
+        def pct(v: float, lo: float, hi: float) -> str:
+            return f"{100 * v:.0f}% [{100 * lo:.0f}%, {100 * hi:.0f}%]"
+
+        for (sel, meas), g in table.groupby(["selector", "measured on"], sort=True):
+            g = g.set_index("component")
+            rows.append({"column": name, "D_large selected on -> patched on": f"instance {sel} -> instance {meas}",
+                         "overlap with the registered D_large": f"{g['overlap with registered D_large'].iloc[0]:.2f}",
+                         **{c: pct(g.loc[c, "recovery_nll"], g.loc[c, "low"], g.loc[c, "high"])
+                            for c in ("down", "gate", "up", "attn_out")}})
+        registered_table = pd.read_csv(folder / "patching.csv").set_index("component")
+        rows.append({"column": name, "D_large selected on -> patched on": "registered: instance 0 -> instances 1-5",
+                     "overlap with the registered D_large": "1.00",
+                     **{c: pct(registered_table.loc[c, "recovery_nll"], registered_table.loc[c, "low"],
+                               registered_table.loc[c, "high"]) for c in ("down", "gate", "up", "attn_out")}})
+    return rp.markdown_table(pd.DataFrame(rows)) if rows else "No rotated patching run yet.\n"
+
+
 def sensitivity() -> str:
     """How much a calibrated 3-bit model moves with the CPU's kernels and with the feeder fix (check.py)."""
     import importlib.util
@@ -611,7 +638,7 @@ def length_windows() -> str:
 BLOCKS = {"references": references, "levels": levels, "sensitivity": sensitivity, "provenance": provenance,
           "columns": main_table, "controls": confirmatory_controls, "machines": machines, "changed": changed_verdicts,
           "issue33": issue33_changes, "registrations": registration_changes, "rotation": selection_rotation,
-          "localization_models": localization_models,
+          "localization_models": localization_models, "patching_rotation": patching_rotation,
           "length": agreement_by_length, "length_windows": length_windows,
           "length_documents": agreement_by_length_documents}
 

@@ -230,6 +230,33 @@ def test_localization_model_table_agrees_with_the_restoration_step():
     assert checked >= 5  # registration 2 alone has five measured instances
 
 
+def test_rotated_patching_is_what_its_table_says():
+    """Each committed rotated-patching file patched the top tenth of its selector's own recorded error, on another
+    instance, and summary.csv recomputes from its per-example arrays (the page renders summary.csv)."""
+    import json
+
+    import pandas as pd
+
+    from interp.report import confirm
+
+    builder = _reproduction_builder()
+    rotate = _module(ROOT / "docs" / "data" / "reproduction" / "rotation" / "rotate_patching.py", "rotate_patching")
+    checked = 0
+    for folder in sorted((builder.DATA / "rotation").glob("*/summary.csv")):
+        name = folder.parent.name
+        p = confirm.Preregistration.load(confirm.PREREG_DIR / f"{name}.json")
+        raw = builder.DATA / name / "raw"
+        _, sets = rotate.selected_sets(p, raw)
+        for path in sorted(folder.parent.glob("selector*.json")):
+            data = json.loads(path.read_text())
+            assert data["ids"] == sets[data["selector"]] and data["measured"] != data["selector"]
+            checked += 1
+        registered = set(json.loads((raw / "split.json").read_text())["large"])
+        again = rotate.summarise(folder.parent, registered)
+        pd.testing.assert_frame_equal(again, pd.read_csv(folder), check_exact=False, rtol=1e-12)
+    assert checked >= 6
+
+
 def test_made_in_names_the_start_that_produced_an_item():
     builder = _reproduction_builder()
     starts = [{"steps_done": []}, {"steps_done": ["a"]}, {"steps_done": ["a", "b"]}]
