@@ -194,8 +194,8 @@ def kernels(device: torch.device | str = "cpu") -> str:
 def cpu_identity() -> str:
     """What :func:`kernels` leaves out: the CPU's model name and its AVX-512 and AMX feature flags.
 
-    Two CPUs with the same kernels label can still add float32 sums in another order (MKL picks code
-    paths by CPU model), and a GPTQ-3 model quantized from the same calibration sample on two
+    Two CPUs with the same kernels label can still add float32 sums in another order (math libraries
+    may pick code paths by CPU model and features), and a GPTQ-3 model quantized from the same calibration sample on two
     AVX-512 machines differs (docs/reproduction.md, "One machine's verdict is not the verdict").
     A record of a long run names the CPU with this, beside the kernels.
 
