@@ -522,6 +522,10 @@ def localization_models() -> str:
     return rp.markdown_table(pd.DataFrame(rows)) if rows else "No registration with per-instance data yet.\n"
 
 
+def _pct(v: float, lo: float, hi: float) -> str:
+    return f"{100 * v:.0f}% [{100 * lo:.0f}%, {100 * hi:.0f}%]"
+
+
 def patching_rotation() -> str:
     """The patching step with the selection rotated (docs/data/reproduction/rotation/rotate_patching.py): each
     instance's own top tenth, patched on the next instance; beside it, the registered result. Post hoc."""
@@ -531,20 +535,16 @@ def patching_rotation() -> str:
         if not summary.is_file():
             continue
         table = pd.read_csv(summary)
-
-        def pct(v: float, lo: float, hi: float) -> str:
-            return f"{100 * v:.0f}% [{100 * lo:.0f}%, {100 * hi:.0f}%]"
-
         for (sel, meas), g in table.groupby(["selector", "measured on"], sort=True):
             g = g.set_index("component")
             rows.append({"column": name, "D_large selected on -> patched on": f"instance {sel} -> instance {meas}",
                          "overlap with the registered D_large": f"{g['overlap with registered D_large'].iloc[0]:.2f}",
-                         **{c: pct(g.loc[c, "recovery_nll"], g.loc[c, "low"], g.loc[c, "high"])
+                         **{c: _pct(g.loc[c, "recovery_nll"], g.loc[c, "low"], g.loc[c, "high"])
                             for c in ("down", "gate", "up", "attn_out")}})
         registered_table = pd.read_csv(folder / "patching.csv").set_index("component")
         rows.append({"column": name, "D_large selected on -> patched on": "registered: instance 0 -> instances 1-5",
                      "overlap with the registered D_large": "1.00",
-                     **{c: pct(registered_table.loc[c, "recovery_nll"], registered_table.loc[c, "low"],
+                     **{c: _pct(registered_table.loc[c, "recovery_nll"], registered_table.loc[c, "low"],
                                registered_table.loc[c, "high"]) for c in ("down", "gate", "up", "attn_out")}})
     return rp.markdown_table(pd.DataFrame(rows)) if rows else "No rotated patching run yet.\n"
 
