@@ -197,16 +197,19 @@ def _aligned(tokens: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Ten
 
 
 def _rows(x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-    """``[batch, pos, ..., d_in]`` -> float32 ``[n_tokens, d_in]`` on the CPU: every position, or those ``keep`` marks.
+    """``[batch, pos, ..., d_in]`` -> float32 ``[n_tokens, d_in]`` on x's device: every position, or those ``keep`` marks.
+
+    The rows stay where the block computed them, so the quantizers' statistics (``X^T X``,
+    ``mean |x|``) are formed there too (on the GPU for a model on a GPU).
 
     ``keep`` (``[batch, pos]`` bool) drops the pad positions of left-aligned padded rows
     before anything is accumulated, so ``n_tokens`` counts real tokens only.
     """
     x = x.detach()
     if keep is None:
-        return x.reshape(x.shape[0] * x.shape[1], -1).float().cpu()
+        return x.reshape(x.shape[0] * x.shape[1], -1).float()
     real = x[keep.to(x.device)]  # [n_real, ..., d_in], rows in (batch, position) order
-    return real.reshape(real.shape[0], -1).float().cpu()
+    return real.reshape(real.shape[0], -1).float()
 
 
 def _hidden(out: Any) -> torch.Tensor:

@@ -57,14 +57,24 @@ class LayerInputs:
     """
 
     def __init__(self, X: Tensor) -> None:
-        """``X``: float32 ``[n_tokens, d_in]`` on the CPU, already checked (see :meth:`checked`)."""
+        """``X``: float32 ``[n_tokens, d_in]`` on its own device, already checked (see :meth:`checked`)."""
         self.X = X
         self._derived: dict[Hashable, Any] = {}
 
     @classmethod
     def checked(cls, X: object, d_in: int, method: str = "this method") -> LayerInputs:
-        """Check ``X`` (a float tensor ``[..., d_in]``, finite, not huge) and wrap it as float32 on the CPU."""
+        """Check ``X`` (a float tensor ``[..., d_in]``, finite, not huge) and wrap it as float32, on its device."""
         return cls(checked_calibration(X, method, d_in))
+
+    def on(self, device: torch.device) -> LayerInputs:
+        """These inputs on ``device`` (the weight's), moved once and kept: itself when already there.
+
+        The statistics are computed where the weight is, so a weight on a GPU is quantized on
+        the GPU even when its inputs were captured elsewhere (a block offloaded by a device map).
+        """
+        if self.X.device == device:
+            return self
+        return self.derived(("on", device), lambda: LayerInputs(self.X.to(device)))
 
     @property
     def n_tokens(self) -> int:
@@ -103,8 +113,9 @@ def quantize_weight(W: Weight, spec: str | MethodSpec,
             calibrated methods (gptq, awq) and ignored by the others.
 
     Returns:
-        The dequantized weight, same shape, dtype and device as ``W`` (the work itself
-        runs on the CPU).
+        The dequantized weight, same shape, dtype and device as ``W``. The work runs on
+        ``W``'s device, in float32 (GPTQ's Hessian factorisation in float64); calibration
+        inputs on another device are moved to it once.
 
     Raises:
         SpecError: bad spec, a group that does not divide d_in, a weight that is not a
@@ -127,6 +138,7 @@ def quantize_weight(W: Weight, spec: str | MethodSpec,
         if calibration is None or calibration.d_in != weight.shape[1]:
             calibration = LayerInputs.checked(calibration_inputs if calibration is None else calibration.X,
                                               weight.shape[1], spec.method)
+        calibration = calibration.on(weight.device)
     dequantized = METHODS[spec.method].quantize(weight, spec, calibration)
     return dequantized.to(device=W.device, dtype=W.dtype)
 
@@ -179,7 +191,7 @@ def _valid_groups(d_in: int) -> str:
 
 
 def checked_weight(W: object, spec: MethodSpec) -> Tensor:
-    """``W`` as a contiguous float32 CPU tensor, after checking shape, group and values."""
+    """``W`` as a contiguous float32 tensor on its own device, after checking shape, group and values."""
     if not isinstance(W, Tensor) or W.ndim != 2 or not W.is_floating_point():
         described = f"a {W.ndim}-D {W.dtype} tensor" if isinstance(W, Tensor) else type(W).__name__
         raise SpecError(f"quantize_weight needs a 2-D float weight [d_out, d_in] (nn.Linear layout), got {described}")
@@ -191,7 +203,7 @@ def checked_weight(W: object, spec: MethodSpec) -> Tensor:
         )
     if W.numel() == 0:
         raise SpecError(f"quantize_weight needs a non-empty weight, got shape {tuple(W.shape)}")
-    weight = W.detach().to(device="cpu", dtype=torch.float32)
+    weight = W.detach().to(dtype=torch.float32)
     if not bool(torch.isfinite(weight).all()):
         raise NonFiniteError("the weight to quantize contains NaN or inf")
     largest = float(weight.abs().max())
@@ -205,7 +217,7 @@ def checked_weight(W: object, spec: MethodSpec) -> Tensor:
 
 
 def checked_calibration(X: object, method: str, d_in: int) -> Tensor:
-    """The calibration inputs as float32 ``[n_tokens, d_in]`` on the CPU, after checking them."""
+    """The calibration inputs as float32 ``[n_tokens, d_in]`` on their own device, after checking them."""
     if X is None:
         raise SpecError(
             f"{method} needs calibration data: pass calibration_inputs, the "
@@ -220,7 +232,7 @@ def checked_calibration(X: object, method: str, d_in: int) -> Tensor:
         raise SpecError(
             f"calibration_inputs must be [n_tokens, d_in={d_in}] with n_tokens >= 1, got shape {tuple(X.shape)}"
         )
-    flat = X.detach().reshape(-1, d_in).to(device="cpu", dtype=torch.float32)
+    flat = X.detach().reshape(-1, d_in).to(dtype=torch.float32)
     if not bool(torch.isfinite(flat).all()):
         raise NonFiniteError("calibration_inputs contain NaN or inf")
     if float(flat.abs().max()) > MAX_ABS_WEIGHT:

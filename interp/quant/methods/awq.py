@@ -72,7 +72,8 @@ def awq_alpha_search(W: Tensor, X: Tensor | LayerInputs, bits: int, group: int, 
     slower on the CPU (0.61 s against 0.38 s for a 1536x576 weight; the stack does not fit
     in cache), and the error's product with ``X^T X`` is most of the cost either way.
 
-    Both tensors must be float32 and already checked; use
+    Everything runs on ``W``'s device (``X`` must be there too) but the exponents, a grid of
+    Python numbers. Both tensors must be float32 and already checked; use
     :func:`~interp.quant.quantize_weight` for the checked entry point.
     """
     import torch  # deferred, see the module docstring
@@ -84,7 +85,8 @@ def awq_alpha_search(W: Tensor, X: Tensor | LayerInputs, bits: int, group: int, 
     floor = float(magnitude.max()) * 1e-6
     base = magnitude.clamp(min=floor) if floor > 0 else torch.ones_like(magnitude)
     output_error = _squared_output_error(inputs)
-    alphas = tuple(torch.linspace(0.0, 1.0, grid).tolist())
+    # host: the exponents are Python numbers (CPU float32 linspace, so every device tries the same alphas)
+    alphas = tuple(torch.linspace(0.0, 1.0, grid, device="cpu").tolist())
     best: tuple[float, float, Tensor] | None = None
     errors = []
     for alpha in alphas:

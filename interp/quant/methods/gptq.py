@@ -8,8 +8,10 @@ feedback is applied column by column, to the columns beyond it once per block (t
 the most-activated input channels go first and each group keeps the min-max grid of its
 original weights (static groups).
 
-The Hessian factorisation runs in float64, everything else in float32. torch is imported
-inside the functions: the registry imports this module to read ``QUANTIZER``, and parsing
+The Hessian factorisation runs in float64, everything else in float32, all of it on the
+weight's device (the column sweep's buffers, the Hessian and its factor included): on a GPU
+nothing comes back to the host but a few scalars (a sum to check, the factorisation's
+status). torch is imported inside the functions: the registry imports this module to read ``QUANTIZER``, and parsing
 a spec must not load torch.
 
 Example:
@@ -82,7 +84,7 @@ def _factor(inputs: LayerInputs, damp: float, act_order: bool) -> tuple[Tensor, 
         order = torch.argsort(hessian.diagonal(), descending=True, stable=True)
         hessian = hessian[order][:, order]
     else:
-        order = torch.arange(inputs.d_in)
+        order = torch.arange(inputs.d_in, device=hessian.device)
     return order, inverse_hessian_factor(hessian, damp, inputs.n_tokens)
 
 
@@ -92,9 +94,13 @@ class _Sweep:
 
     ``weight`` holds the columns in processing order and receives the lazy block
     updates; ``upper`` is the inverse-Hessian factor in the same order.
-    ``members[g]`` lists the positions (in processing order) of ORIGINAL group g, so
-    groups keep their storage layout under act-order. ``grids`` holds each group's grid
-    as three contiguous ``[d_out]`` vectors (inverse scale, zero-point, scale).
+    Without act-order the columns keep their order, so group ``g`` is positions
+    ``g * group`` to ``(g + 1) * group - 1`` and its grid is fitted when the sweep reaches it;
+    ``grids`` holds each fitted group's grid as three contiguous ``[d_out]`` vectors
+    (inverse scale, zero-point, scale). Under act-order every grid is fixed up front
+    (static groups) and ``static`` holds, for each position in processing order, its
+    ORIGINAL group's grid: three ``[d_in, d_out]`` tensors whose row ``p`` is position
+    ``p``'s vector, gathered on the device (no group index comes back to the host).
 
     Inside a block the columns are held transposed (one contiguous row per column), which
     makes each step a few operations on contiguous vectors; every value is computed by the
@@ -105,10 +111,10 @@ class _Sweep:
 
     weight: Tensor  # [d_out, d_in], processing order
     upper: Tensor  # [d_in, d_in], processing order
-    group_of: list[int]  # position -> original group
-    members: list[Tensor]  # original group -> its positions, ascending
+    group: int  # columns per group
     bits: int
-    grids: dict[int, tuple[Tensor, Tensor, Tensor]]
+    grids: dict[int, tuple[Tensor, Tensor, Tensor]]  # without act-order: group -> its grid, once reached
+    static: tuple[Tensor, Tensor, Tensor] | None = None  # under act-order: [d_in, d_out] grid rows per position
 
     def grid_for(self, position: int, start: int, end: int, work_t: Tensor,
                  errors_t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -124,13 +130,16 @@ class _Sweep:
 
         from interp.quant.methods._common import MinMaxGrid
 
-        group = self.group_of[position]
+        if self.static is not None:
+            return self.static[0][position], self.static[1][position], self.static[2][position]
+        group = position // self.group
         if group not in self.grids:
-            members = self.members[group]
-            inside, beyond = members[members < end], members[members >= end]
+            first, last = group * self.group, (group + 1) * self.group  # the group's positions, first..last-1
+            inside, beyond = slice(first - start, min(last, end) - start), slice(max(first, end), max(last, end))
             errors = errors_t.T.contiguous()
-            pending = self.weight[:, beyond] - errors @ self.upper[start:end, beyond]
-            current = torch.cat([work_t[inside - start].T, pending], dim=1)
+            # contiguous: the product sees the operand the gathered columns of earlier versions gave it
+            pending = self.weight[:, beyond] - errors @ self.upper[start:end, beyond].contiguous()
+            current = torch.cat([work_t[inside].T, pending], dim=1)
             self.grids[group] = _vectors(MinMaxGrid.fit(current, self.bits, dim=1))
         return self.grids[group]
 
@@ -174,24 +183,21 @@ def quantize(W: Tensor, spec: MethodSpec, inputs: LayerInputs | None) -> Tensor:
     act_order = bool(spec.params["act_order"])
     damp = float(spec.params["damp"])
     order, upper = inputs.derived(("gptq", damp, act_order), lambda: _factor(inputs, damp, act_order))
-    group_of = order // spec.group
-    grids: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+    static = None
     if act_order:
         # Static groups: each ORIGINAL group's min-max grid comes from the original
         # weights, i.e. it is RTN's grid; GPTQ only picks other points on it. On
         # SmolLM2 activations this was as good as or slightly better (by ~0.001
         # relative output error) than fitting each group when first reached.
-        fitted = MinMaxGrid.fit(grouped(W, spec.group), spec.bits)
-        grids = {g: _vectors(fitted.group(g)) for g in range(d_in // spec.group)}
-    sweep = _Sweep(
-        weight=W[:, order].clone(),
-        upper=upper,
-        group_of=group_of.tolist(),
-        members=[torch.nonzero(group_of == g).flatten() for g in range(d_in // spec.group)],
-        bits=spec.bits,
-        grids=grids,
-    )
-    rounded_t = torch.empty(d_in, W.shape[0])  # row p: the rounded column at position p
+        fitted = MinMaxGrid.fit(grouped(W, spec.group), spec.bits)  # [d_out, n_groups, 1] each
+        group_of = order // spec.group  # position -> original group, on the device
+        inv_scale, zero, scale = (v.reshape(W.shape[0], -1).T[group_of].contiguous()
+                                  for v in (fitted.inv_scale, fitted.zero, fitted.scale))
+        static = (inv_scale, zero, scale)
+    sweep = _Sweep(weight=W[:, order].clone(), upper=upper, group=spec.group, bits=spec.bits, grids={},
+                   static=static)
+    # row p: the rounded column at position p
+    rounded_t = torch.empty(d_in, W.shape[0], dtype=W.dtype, device=W.device)
     block = int(spec.params["block"])
     for start in range(0, d_in, block):
         sweep.run_block(start, min(start + block, d_in), rounded_t)

@@ -1,4 +1,4 @@
-"""``hqq``: the ``hqq`` package's half-quadratic quantizer, called on the CPU.
+"""``hqq``: the ``hqq`` package's half-quadratic quantizer, called on the weight's device.
 
 ``optimize=0`` is plain min-max round-to-nearest (``rtn`` reproduces it bit for bit);
 ``optimize=1`` (the default) refines the zero-points and scales. The package has no
@@ -44,7 +44,7 @@ def quantize(W: Tensor, spec: MethodSpec, _calibration: object) -> Tensor:
             axis=1,  # groups run along the input dimension, as for every other method
             bitpack=False,
             compute_dtype=torch.float32,
-            device="cpu",
+            device=str(W.device),  # its optimiser's work goes where the weight is
         )
         meta["compute_dtype"] = torch.float32  # dequantize() defaults to float16 otherwise
         dequantized: Tensor = HQQQuantizer.dequantize(levels, meta)

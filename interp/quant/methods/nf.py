@@ -21,6 +21,7 @@ from interp.errors import SpecError
 from interp.quant.spec import MethodSpec, Quantizer
 
 if TYPE_CHECKING:
+    import torch
     from torch import Tensor
 
 BITS = (3, 4)
@@ -48,16 +49,17 @@ def _normal_float_levels(bits: int) -> tuple[float, ...]:
     half = 2 ** (bits - 1)
     # Quantile positions in float32, quantiles in float64, code in float32: the
     # precision path of the published NF4 table, so ours matches it bit for bit.
-    positive_p = torch.linspace(offset, 0.5, half + 1, dtype=torch.float32)[:-1]
-    negative_p = torch.linspace(offset, 0.5, half, dtype=torch.float32)[:-1]
+    positive_p = torch.linspace(offset, 0.5, half + 1, dtype=torch.float32, device="cpu")[:-1]  # host: for scipy
+    negative_p = torch.linspace(offset, 0.5, half, dtype=torch.float32, device="cpu")[:-1]  # host: for scipy
     positive = norm.ppf(positive_p.double().numpy())  # `half` values > 0
     negative = -norm.ppf(negative_p.double().numpy())  # `half - 1` values < 0
-    values = torch.tensor([*negative, 0.0, *positive], dtype=torch.float32).sort().values
+    values = torch.tensor([*negative, 0.0, *positive], dtype=torch.float32, device="cpu")  # host: from scipy's numbers
+    values = values.sort().values
     return tuple((values / values.max()).tolist())
 
 
-def normal_float_codebook(bits: int) -> Tensor:
-    """The k-bit NormalFloat code, sorted, in [-1, 1], with an exact 0.
+def normal_float_codebook(bits: int, device: torch.device | str = "cpu") -> Tensor:
+    """The k-bit NormalFloat code, sorted, in [-1, 1], with an exact 0, on ``device``.
 
     Asymmetric: 2^(k-1) positive levels and 2^(k-1) - 1 negative ones, so that 0 is a
     level and +-1 are both reachable (QLoRA's construction).
@@ -70,7 +72,7 @@ def normal_float_codebook(bits: int) -> Tensor:
 
     if bits not in BITS:
         raise SpecError(f"NormalFloat supports bits {', '.join(map(str, BITS))}, got {bits}")
-    return torch.tensor(_normal_float_levels(bits), dtype=torch.float32)
+    return torch.tensor(_normal_float_levels(bits), dtype=torch.float32, device=device)
 
 
 def quantize(W: Tensor, spec: MethodSpec, _calibration: object) -> Tensor:
@@ -78,7 +80,7 @@ def quantize(W: Tensor, spec: MethodSpec, _calibration: object) -> Tensor:
 
     from interp.quant.methods._common import grouped
 
-    code = normal_float_codebook(spec.bits)
+    code = normal_float_codebook(spec.bits, W.device)
     midpoints = (code[:-1] + code[1:]) / 2
     groups = grouped(W, spec.group)
     absmax = groups.abs().amax(-1, keepdim=True)
