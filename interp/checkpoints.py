@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ import torch
 from torch import Tensor
 
 from interp.errors import ModelLoadError
-from interp.loading import check_folder, model_from_config, pretrained, read_config
+from interp.loading import check_exact, check_folder, model_from_config, pretrained, read_config, tied_pairs
 
 __all__ = ["FORMATS", "CheckpointInfo", "pack_int32", "quantization_config", "read_quantized_folder", "unpack_int32"]
 
@@ -91,9 +92,9 @@ def pack_int32(values: Tensor, bits: int) -> Tensor:
     rows, n = values.shape
     padded = math.ceil(n / 32) * 32
     stream = torch.nn.functional.pad(values.to(torch.int64), (0, padded - n))
-    words = torch.zeros(rows, padded * bits // 32, dtype=torch.int64)
+    words = torch.zeros(rows, padded * bits // 32, dtype=torch.int64, device=values.device)
     for bit in range(bits):
-        position = torch.arange(padded, dtype=torch.int64) * bits + bit  # where this bit of each element goes
+        position = torch.arange(padded, dtype=torch.int64, device=values.device) * bits + bit  # where this bit goes
         words.index_add_(1, position // 32, ((stream >> bit) & 1) << (position % 32))
     words = torch.where(words >= 2**31, words - 2**32, words)  # the same 32 bits, as a signed int32
     return words[:, : math.ceil(n * bits / 32)].to(torch.int32).contiguous()
@@ -102,8 +103,8 @@ def pack_int32(values: Tensor, bits: int) -> Tensor:
 def unpack_int32(words: Tensor, bits: int, n: int) -> Tensor:
     """The inverse of :func:`pack_int32`: ``n`` unsigned ``bits``-bit integers per row (int32)."""
     unsigned = words.to(torch.int64) & 0xFFFFFFFF
-    position = torch.arange(n, dtype=torch.int64) * bits
-    values = torch.zeros(words.shape[0], n, dtype=torch.int64)
+    position = torch.arange(n, dtype=torch.int64, device=words.device) * bits
+    values = torch.zeros(words.shape[0], n, dtype=torch.int64, device=words.device)
     for bit in range(bits):
         at = position + bit
         values |= ((unsigned[:, at // 32] >> (at % 32)) & 1) << bit
@@ -179,7 +180,7 @@ def _unpack_columns(words: Tensor, bits: int, order: tuple[int, ...] | None = No
     unsigned = words.to(torch.int64) & 0xFFFFFFFF
     fields = torch.stack([(unsigned >> (bits * k)) & (2**bits - 1) for k in range(per_word)], dim=-1)
     if order is not None:
-        fields = fields[..., torch.argsort(torch.tensor(order))]
+        fields = fields[..., torch.argsort(torch.tensor(order, device=words.device))]
     return fields.reshape(*words.shape[:-1], words.shape[-1] * per_word)
 
 
@@ -196,7 +197,8 @@ def _gptq(tensors: dict[str, Tensor], qcfg: dict[str, Any]) -> tuple[dict[str, T
         d_in = levels.shape[1]
         stored = tensors.get(f"{name}.g_idx")
         group = int(qcfg.get("group_size", -1))
-        g_idx = stored.long() if stored is not None else torch.arange(d_in) // (group if group > 0 else d_in)
+        g_idx = (stored.long() if stored is not None
+                 else torch.arange(d_in, device=levels.device) // (group if group > 0 else d_in))
         out[f"{name}.weight"] = (levels.float() - zero.T[:, g_idx].float()) * scales.T[:, g_idx]
         modules.append(name)
         for suffix in ("qweight", "qzeros", "scales", "g_idx"):
@@ -218,7 +220,7 @@ def _awq(tensors: dict[str, Tensor], qcfg: dict[str, Any]) -> tuple[dict[str, Te
         levels = _unpack_columns(tensors[key], 4, AWQ_ORDER)  # [d_in, d_out]
         zero = _unpack_columns(tensors[f"{name}.qzeros"], 4, AWQ_ORDER)  # [n_groups, d_out]
         scales = tensors[f"{name}.scales"].float()
-        groups = torch.arange(levels.shape[0]) // group
+        groups = torch.arange(levels.shape[0], device=levels.device) // group
         out[f"{name}.weight"] = ((levels.float() - zero[groups].float()) * scales[groups]).T.contiguous()
         modules.append(name)
         for suffix in ("qweight", "qzeros", "scales"):
@@ -277,13 +279,21 @@ def load_quantized_hf(folder: Path, dtype: torch.dtype, device: str, tokenizer: 
         raise ModelLoadError(f"{folder}/config.json is not a config transformers can build ({type(exc).__name__}: "
                              f"{exc}).") from None
     hf_model = model_from_config(hf_config, dtype=dtype)  # buffers (rotary) built, weights replaced
-    missing = set(hf_model.state_dict()) - set(state)
-    tied = bool(getattr(hf_config.get_text_config(), "tie_word_embeddings", False))
-    if missing - ({"lm_head.weight"} if tied else set()):
-        raise ModelLoadError(f"{folder} lacks the weights {sorted(missing)[:5]}: the checkpoint is incomplete.")
-    hf_model.load_state_dict(state, strict=False)
+    tied = tied_pairs(hf_model)  # target -> source, when the config ties
+    shapes = {k: tuple(v.shape) for k, v in hf_model.state_dict().items()}
+    mismatched = {(k, tuple(v.shape), shapes[k]) for k, v in state.items()
+                  if k in shapes and tuple(v.shape) != shapes[k]}
+    # buffers older checkpoints saved and transformers itself skips (rotary frequencies, position ids)
+    skipped = re.compile(r"rotary_emb\.inv_freq$|(^|\.)position_ids$")
+    unexpected = {k for k in set(state) - set(shapes) if not skipped.search(k)}
+    fitting = {k: v for k, v in state.items() if k in shapes and tuple(v.shape) == shapes[k]}
+    loaded = hf_model.load_state_dict(fitting, strict=False)
     if tied:
         hf_model.tie_weights()
+    missing = {k for k in loaded.missing_keys if not (k in tied and tied[k] in state)} - {m[0] for m in mismatched}
+    # the same exactness check as every from_pretrained (interp.loading.check_exact), on load_state_dict's answer
+    check_exact(hf_model, {"missing_keys": missing, "unexpected_keys": unexpected, "mismatched_keys": mismatched},
+                folder, state.get)
     if tokenizer is None:
         try:
             tokenizer = pretrained(AutoTokenizer, folder)

