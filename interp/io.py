@@ -6,16 +6,24 @@ Guarantees (docs/reliability.md, "What interp never deletes"; tests/test_writer.
   marker (:data:`MARKER`, a small JSON naming the output's kind) that interp wrote when it created
   or first claimed the folder. An existing non-empty folder without the marker of the same kind is
   refused; inside an owned folder only interp's own named entries are ever replaced or removed.
-- **Dangerous targets are refused** after symlinks are resolved: the root, the user's home, the
-  working folder and its ancestors (so ``.``, ``..`` and ``~`` too). ``--out LINK`` is resolved
-  first and the rules apply to the folder it points to; the link itself is never moved.
-- **Writes are atomic.** A file is written to a temporary sibling ``.NAME.partial-PID-HOST-RAND``
-  and renamed into place; a folder is built in such a sibling and renamed (or, when the target
-  folder already exists, its entries moved in one by one). What a killed run leaves
-  (``.NAME.partial-PID-…``, ``interp-stash-PID-…`` of a process that no longer runs on this host)
-  is removed the next time interp writes beside it; nothing else is ever touched.
-- **Faults are one clear error.** ENOSPC, EDQUOT, EROFS, EACCES and EPERM become a
-  :class:`~interp.errors.ResourceError` naming the path, and the temporary sibling is removed.
+- **Nothing is written outside ``--out``** (:func:`_entry`). Only the output folder itself is
+  resolved (``--out LINK`` writes into the folder the link points to; the link is never moved).
+  Below it an entry is *replaced*, never written through: a file is renamed over whatever name is
+  there (a symbolic link included, whose target is left alone), and a folder inside an output that
+  is a link is refused. The root, the user's home, the working folder and its ancestors are refused.
+- **Temporaries are recognised by a token, never by their name alone** (:func:`is_temporary`).
+  Every temporary is a folder ``.NAME.partial-PID-HOST-TOKEN`` (``interp-stash-…`` for the weight
+  stash) holding :data:`TOKEN_FILE`, a random secret whose SHA-256 begins with ``TOKEN``. A file is
+  written inside such a folder and renamed into place. What a killed run leaves is removed the next
+  time interp writes beside it, only when its token checks out and its process no longer runs on
+  this host; a user's file or folder that merely looks like one is never touched.
+- **An output is whole or visibly incomplete** (:func:`writing`). A run writing into an output
+  folder first writes :data:`INCOMPLETE` there and removes it last; a folder built whole elsewhere is
+  renamed into place in one step. Readers of outputs (:func:`check_complete`) refuse a folder that
+  still holds :data:`INCOMPLETE`.
+- **Faults are one clear error.** ENOSPC, EDQUOT, EROFS, EACCES and EPERM, as an ``OSError`` or
+  inside any library's own error type (safetensors' ``SafetensorError``, pyarrow, SQLite), become a
+  :class:`~interp.errors.ResourceError` naming the path (:func:`fs_cause`), and the temporary is removed.
 - **The umask is honoured.** Temporary files and folders are created with ``os.open(..., 0o666)``
   and ``os.mkdir(..., 0o777)``, so the kernel applies the umask (and any default ACL) exactly as for
   any other file: 0644/0755 under umask 022, 0600/0700 under 077. No umask is read or changed.
@@ -43,17 +51,28 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from interp.errors import DataError, ResourceError
+from interp.errors import DataError, InterpError, ResourceError
 
 MARKER = ".interp-output.json"
 """The file that makes a folder an interp output: ``{"interp_output": 1, "kind": ..., "files": [...]}``."""
+
+INCOMPLETE = "INCOMPLETE"
+"""Written first into an output folder by a run that writes into it in place, removed last (:func:`writing`)."""
+
+TOKEN_FILE = ".interp-temp"
+"""Inside every temporary folder: the secret whose SHA-256 begins with the folder name's token."""
 
 STASH_PREFIX = "interp-stash"
 FIX = "Choose an empty or new folder (--out on the command line)."
 _FS_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 _HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
-# interp's temporaries: ".NAME.partial-PID[-HOST-RAND]" and "interp-stash-PID[-HOST-RAND]"
-_TEMP = re.compile(r"^(?:\..+\.partial|" + STASH_PREFIX + r")-(?P<pid>\d{1,7})(?:-(?P<host>[0-9a-f]{8})-[0-9a-z]+)?$")
+# the shape of interp's temporaries: ".NAME.partial-PID-HOST-TOKEN" and "interp-stash-PID-HOST-TOKEN". The
+# name alone proves nothing (a user may name anything so): is_temporary also checks the token inside.
+_TEMP = re.compile(r"^(?:\..+\.partial|" + STASH_PREFIX + r")-(?P<pid>\d{1,7})-(?P<host>[0-9a-f]{8})"
+                   r"-(?P<token>[0-9a-f]{16})$")
+_RESERVED = {MARKER, INCOMPLETE, TOKEN_FILE}  # interp's own names inside an output folder
+_mine: set[str] = set()  # the temporaries this process made and has not removed yet
+_writing: dict[str, int] = {}  # output folders this process is writing in place (nesting depth)
 _cleaned: set[str] = set()
 _cleaned_lock = threading.Lock()
 
@@ -95,9 +114,43 @@ def check_output_folder(path: str | os.PathLike[str]) -> Path:
     return real
 
 
-def fs_error(exc: OSError, path: str | os.PathLike[str]) -> ResourceError:
+# what libraries that wrap the operating system's error put in their message (Rust's io::Error in safetensors and
+# tokenizers: "Os { code: 28, kind: StorageFull, ... }" / "(os error 28)"; SQLite; pyarrow's strerror text)
+_CODE_IN_TEXT = re.compile(r"(?:os error |\{ code: |\[Errno )(\d+)")
+_TEXTS = {"no space left": errno.ENOSPC, "disk is full": errno.ENOSPC, "database or disk is full": errno.ENOSPC,
+          "quota exceeded": errno.EDQUOT, "read-only file system": errno.EROFS, "readonly database": errno.EROFS,
+          "permission denied": errno.EACCES, "operation not permitted": errno.EPERM}
+
+
+def fs_cause(exc: BaseException) -> int | None:
+    """The errno among ENOSPC, EDQUOT, EROFS, EACCES and EPERM behind ``exc``, or ``None``.
+
+    An ``OSError`` carries it; a library's own error type (safetensors' ``SafetensorError``, SQLite's
+    ``OperationalError``, pyarrow's) carries it in its message, here or in the errors it was raised from.
+    interp's own errors are never reinterpreted.
+    """
+    seen = 0
+    while exc is not None and seen < 8:
+        seen += 1
+        if isinstance(exc, InterpError):
+            return None
+        if isinstance(exc, OSError) and exc.errno in _FS_ERRORS:
+            return int(exc.errno)
+        text = str(exc)
+        for match in _CODE_IN_TEXT.finditer(text):
+            if int(match.group(1)) in _FS_ERRORS:
+                return int(match.group(1))
+        lowered = text.lower()
+        for words, code in _TEXTS.items():
+            if words in lowered:
+                return code
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
+def fs_error(exc: BaseException, path: str | os.PathLike[str]) -> ResourceError:
     """One clear :class:`~interp.errors.ResourceError` for a write that failed with ``exc`` on ``path``."""
-    code = exc.errno
+    code = fs_cause(exc) if not isinstance(exc, OSError) or exc.errno not in _FS_ERRORS else exc.errno
     if code in (errno.ENOSPC, errno.EDQUOT):
         why = "the disk is full (or the quota is used up). Free some space and rerun: finished work is kept"
     elif code == errno.EROFS:
@@ -105,7 +158,7 @@ def fs_error(exc: OSError, path: str | os.PathLike[str]) -> ResourceError:
     elif code in (errno.EACCES, errno.EPERM):
         why = "permission denied. Choose a folder you can write to (--out), or fix its permissions"
     else:
-        why = f"{exc.strerror or exc}. Check the path and rerun"
+        why = f"{getattr(exc, 'strerror', None) or exc}. Check the path and rerun"
     return ResourceError(f"Could not write {path}: {why}. Nothing half-written was left behind.")
 
 
@@ -121,22 +174,69 @@ def _pid_dead(pid: int) -> bool:
     return False
 
 
-def is_temporary(name: str) -> bool:
-    """Whether ``name`` is one of interp's temporaries (of any process)."""
-    return _TEMP.match(name) is not None
+# ---------------------------------------------------------------------------------------
+# Temporaries: a folder holding a token, never recognised by its name alone
 
 
-def _stale(name: str) -> bool:
-    match = _TEMP.match(name)
+def _token_of(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()[:16]
+
+
+def _make_temp(parent: Path, name: str, prefix: str | None = None, mode: int = 0o777) -> Path:
+    """A new temporary folder of this process in ``parent``, holding its token (see :func:`is_temporary`)."""
+    secret = secrets.token_hex(16)
+    head = prefix if prefix is not None else f".{name[:100]}.partial"
+    path = parent / f"{head}-{os.getpid()}-{_HOST}-{_token_of(secret)}"
+    try:
+        os.mkdir(path, mode)  # the umask applies (the weight stash asks for 0o700)
+    except OSError as exc:
+        raise fs_error(exc, parent / name if name else path) from None
+    _mine.add(str(path))
+    try:
+        fd = os.open(path / TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            os.write(fd, secret.encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        _remove_temp(path)
+        raise fs_error(exc, parent / name if name else path) from None
+    return path
+
+
+def is_temporary(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is one of interp's temporaries (of any process): a folder (not a link) whose name
+    has the shape ``.NAME.partial-PID-HOST-TOKEN`` or ``interp-stash-PID-HOST-TOKEN`` *and* that holds
+    :data:`TOKEN_FILE`, a secret whose SHA-256 begins with ``TOKEN``. A name alone proves nothing."""
+    path = Path(path)
+    match = _TEMP.match(path.name)
     if match is None:
         return False
-    host = match.group("host")
-    return (host is None or host == _HOST) and _pid_dead(int(match.group("pid")))
+    token = path / TOKEN_FILE
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode) or not stat.S_ISREG(os.lstat(token).st_mode):
+            return False
+        with open(token, "rb") as fh:
+            secret = fh.read(65)
+    except OSError:
+        return False
+    try:
+        return len(secret) == 32 and _token_of(secret.decode("ascii")) == match.group("token")
+    except UnicodeDecodeError:
+        return False
+
+
+def _stale(path: Path) -> bool:
+    """A temporary that a process of this host left and that process no longer runs."""
+    match = _TEMP.match(path.name)
+    if match is None or match.group("host") != _HOST or not _pid_dead(int(match.group("pid"))):
+        return False
+    return is_temporary(path)
 
 
 def clean_stale(folder: str | os.PathLike[str], force: bool = False) -> list[Path]:
-    """Remove what a killed interp run left in ``folder``: its temporaries (``.NAME.partial-PID-…``,
-    ``interp-stash-PID-…``) whose process no longer runs on this host. Nothing else is touched.
+    """Remove what a killed interp run left in ``folder``: its temporaries (:func:`is_temporary`: the token
+    checks out) whose process no longer runs on this host. Nothing else is touched.
 
     Each folder is scanned once per process unless ``force``; returns what was removed."""
     key = os.fspath(folder)
@@ -150,22 +250,34 @@ def clean_stale(folder: str | os.PathLike[str], force: bool = False) -> list[Pat
     except OSError:
         return []
     for entry in entries:
-        if not _stale(entry.name):
-            continue
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path)
-            else:
-                os.unlink(entry.path)
-            removed.append(Path(entry.path))
-        except OSError:
-            continue  # another process cleaned it first, or it cannot be removed: left as it is
+        path = Path(entry.path)
+        if _stale(path):
+            _remove_temp(path)
+            if not os.path.lexists(path):
+                removed.append(path)
     return removed
 
 
-def _temp_name(name: str, prefix: str | None = None) -> str:
-    head = prefix if prefix is not None else f".{name[:100]}.partial"
-    return f"{head}-{os.getpid()}-{_HOST}-{secrets.token_hex(4)}"
+def _remove_temp(path: Path) -> None:
+    """Delete one of interp's temporary folders: its contents first and its token last, so that a kill
+    part-way leaves a folder that is still recognisably interp's (and is removed by the next run)."""
+    try:
+        entries = list(os.scandir(path))
+    except FileNotFoundError:
+        entries = []
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name != TOKEN_FILE:
+            _remove_tree(Path(entry.path))
+    for step in (lambda: os.unlink(path / TOKEN_FILE), lambda: os.rmdir(path)):
+        try:
+            step()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return  # left as it is; its token (if still there) lets a later run remove it
+    _mine.discard(str(path))
 
 
 def _remove_tree(path: Path) -> None:
@@ -189,6 +301,56 @@ def _make_dirs(folder: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------
+# Entries: only --out itself is resolved
+
+
+def _output_root(folder: Path) -> Path | None:
+    """The outermost folder among ``folder`` and its ancestors (as written, links not followed) that is an
+    interp output (it holds :data:`MARKER`) or one of this process's temporaries; ``None`` when none is."""
+    for candidate in (*reversed(folder.parents), folder):
+        if str(candidate) in _mine or os.path.isfile(candidate / MARKER):
+            return candidate
+    return None
+
+
+def _entry(path: str | os.PathLike[str]) -> Path:
+    """Where writing ``path`` puts a new entry, with the folders on the way made: the one place that keeps
+    every write inside its output folder.
+
+    Only the output folder itself is resolved (``--out LINK`` is the folder the link points to). Below it
+    nothing is followed: a folder on the way that is a symbolic link is refused, and the last name is
+    returned unresolved, so the file is renamed over whatever is there (a link is replaced, its target is
+    left alone). A path in no output folder has its parent folder resolved, and its last name is likewise
+    replaced, never written through.
+    """
+    given = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+    if given.name in ("", ".", ".."):
+        raise ResourceError(f"Cannot write {path}: it names a folder, not a file. Give a file name.")
+    root = _output_root(given.parent)
+    if root is None:
+        folder = resolve(given.parent)
+        _make_dirs(folder)
+        return folder / given.name
+    folder = resolve(root)
+    for part in given.parent.relative_to(root).parts:
+        folder = folder / part
+        try:
+            info = os.lstat(folder)
+        except FileNotFoundError:
+            _make_dirs(folder)
+            continue
+        except OSError as exc:
+            raise fs_error(exc, folder) from None
+        if stat.S_ISLNK(info.st_mode):
+            raise ResourceError(f"Cannot write {path}: {folder} inside the interp output {resolve(root)} is a "
+                                "symbolic link, and interp writes only inside its output folder. Remove the link "
+                                "(or choose another --out).")
+        if not stat.S_ISDIR(info.st_mode):
+            raise ResourceError(f"Could not create the folder {folder}: a file of that name is in the way. {FIX}")
+    return folder / given.name
+
+
+# ---------------------------------------------------------------------------------------
 # Files
 
 
@@ -200,19 +362,23 @@ def _fill(tmp: Path, produce: Callable[[Path], None]) -> None:
 
 
 def write_file(path: str | os.PathLike[str], produce: Callable[[Path], None]) -> Path:
-    """Write ``path`` atomically: ``produce(tmp)`` writes a temporary sibling, which is then renamed into place.
+    """Write ``path`` atomically: ``produce(tmp)`` writes a file of the same name inside a temporary folder
+    beside it (:func:`is_temporary`), which is then renamed over ``path``.
 
-    ``path`` is resolved first (a symlink's target is written, the link is left as it is). On any
-    failure the temporary sibling is removed and ``path`` is as it was; a full disk, a read-only file
-    system or a permission error is a :class:`~interp.errors.ResourceError` naming ``path``.
+    Nothing is written through a link: ``path``'s last name is replaced, whatever it is (see :func:`_entry`).
+    On any failure the temporary is removed and ``path`` is as it was; a full disk, a read-only file system
+    or a permission error, raised as an ``OSError`` or inside a library (safetensors, pyarrow, ...), is a
+    :class:`~interp.errors.ResourceError` naming ``path``.
     """
-    target = resolve(path)
-    if target.is_dir():
+    target = _entry(path)
+    if target.name in _RESERVED - {MARKER, INCOMPLETE}:
+        raise ResourceError(f"Cannot write {path}: {target.name} is a name interp reserves. Choose another name.")
+    if target.is_dir() and not target.is_symlink():
         raise ResourceError(f"Cannot write the file {path}: a folder of that name is in the way. Choose another "
                             "file name.")
-    _make_dirs(target.parent)
     clean_stale(target.parent)
-    tmp = target.parent / _temp_name(target.name)
+    folder = _make_temp(target.parent, target.name)
+    tmp = folder / target.name
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any file
         mode = stat.S_IMODE(os.fstat(fd).st_mode)
@@ -220,13 +386,17 @@ def write_file(path: str | os.PathLike[str], produce: Callable[[Path], None]) ->
         _fill(tmp, produce)
         if stat.S_IMODE(os.stat(tmp).st_mode) != mode:  # safetensors' save_file, for one, makes its file 0600
             os.chmod(tmp, mode)
-        os.replace(tmp, target)
+        os.replace(tmp, target)  # over the name itself: a link there is replaced, not followed
     except OSError as exc:
-        _remove_tree(tmp)
         raise fs_error(exc, target) from None
-    except BaseException:
-        _remove_tree(tmp)
+    except InterpError:
         raise
+    except Exception as exc:
+        if fs_cause(exc) is None:
+            raise
+        raise fs_error(exc, target) from None
+    finally:
+        _remove_temp(folder)
     return target
 
 
@@ -254,14 +424,25 @@ def remove_temp(path: str | os.PathLike[str]) -> None:
     """Delete a file inside one of this process's temporary folders (a staged folder being built).
 
     Anything else is refused: interp deletes only what it wrote."""
-    real = resolve(path)
-    if not any(is_temporary(parent.name) for parent in real.parents):
-        raise ValueError(f"remove_temp: {path} is not inside one of interp's temporary folders")
-    _remove_tree(real)
+    given = Path(os.path.abspath(os.fspath(path)))
+    if not any(str(parent) in _mine for parent in given.parents):
+        raise ValueError(f"remove_temp: {path} is not inside one of this process's temporary folders")
+    _remove_tree(given)
+
+
+def store_path(path: str | os.PathLike[str]) -> Path:
+    """The path of a file that a library opens and writes in place (an SQLite store), checked like any entry
+    (:func:`_entry`): inside its output folder and never through a link (a link there is refused, since the
+    store's content is the user's work so far and is not replaced)."""
+    target = _entry(path)
+    if os.path.islink(target):
+        raise ResourceError(f"{path} is a symbolic link, and interp does not write through links in its output "
+                            "folder. Remove the link (or choose another --out).")
+    return target
 
 
 class PrivateFolder:
-    """A temporary folder of this process (``interp-stash-PID-HOST-RAND``, mode 0700), deleted by :meth:`cleanup`.
+    """A temporary folder of this process (``interp-stash-PID-HOST-TOKEN``, mode 0700), deleted by :meth:`cleanup`.
 
     If the process is killed, the next interp run that writes in the same parent folder removes it."""
 
@@ -269,13 +450,10 @@ class PrivateFolder:
         base = resolve(parent) if parent is not None else Path(tempfile.gettempdir())
         _make_dirs(base)
         clean_stale(base)
-        self.path = base / _temp_name("", prefix=prefix)
-        try:
-            os.mkdir(self.path, 0o700)  # private by design: it holds a copy of the model's weights meanwhile
-        except OSError as exc:
-            raise fs_error(exc, self.path) from None
+        # private by design: it holds a copy of the model's weights meanwhile
+        self.path = _make_temp(base, "", prefix=prefix, mode=0o700)
         self.name = str(self.path)
-        self._finalizer = weakref.finalize(self, _remove_tree, self.path)  # also when never closed
+        self._finalizer = weakref.finalize(self, _remove_temp, self.path)  # also when never closed
 
     def cleanup(self) -> None:
         self._finalizer()
@@ -302,8 +480,8 @@ def _read_marker(folder: Path) -> dict[str, Any] | None:
 
 
 def _entries(folder: Path) -> list[str]:
-    """The entries of ``folder`` other than interp's marker and temporaries."""
-    return sorted(name for name in os.listdir(folder) if name != MARKER and not is_temporary(name))
+    """The entries of ``folder`` other than interp's marker and temporaries (whose token checks out)."""
+    return sorted(name for name in os.listdir(folder) if name != MARKER and not is_temporary(folder / name))
 
 
 def _own_names(names: Any) -> list[str]:
@@ -311,8 +489,8 @@ def _own_names(names: Any) -> list[str]:
     may point outside its folder)."""
     if not isinstance(names, list):
         return []
-    return [n for n in names if isinstance(n, str) and n not in ("", ".", "..", MARKER) and "/" not in n
-            and os.sep not in n and "\x00" not in n]
+    return [n for n in names if isinstance(n, str) and n not in ("", ".", "..") and n not in _RESERVED
+            and "/" not in n and os.sep not in n and "\x00" not in n]
 
 
 Adopt = Callable[[Path], bool]
@@ -344,7 +522,7 @@ def _owned(real: Path, shown: str, kind: str, adopt: Adopt | None) -> dict[str, 
 
 
 def _write_marker(folder: Path, kind: str, files: Iterable[str]) -> None:
-    record = {"interp_output": 1, "kind": kind, "files": sorted(set(files))}
+    record = {"interp_output": 1, "kind": kind, "files": sorted(set(files) - _RESERVED)}
     write_bytes(folder / MARKER, (json.dumps(record, indent=1) + "\n").encode())
 
 
@@ -396,17 +574,18 @@ def staged_folder(path: str | os.PathLike[str], kind: str, adopt: Adopt | None =
     _owned(real, shown, kind, adopt)
     _make_dirs(real.parent)
     clean_stale(real.parent)
-    tmp = real.parent / _temp_name(real.name)
+    tmp = _make_temp(real.parent, real.name)
     try:
-        os.mkdir(tmp, 0o777)  # the umask applies
         yield tmp
         _install(tmp, real, shown, kind, adopt)
-    except OSError as exc:
-        if exc.errno not in _FS_ERRORS:
+    except InterpError:
+        raise
+    except Exception as exc:  # a library's full disk (safetensors' SafetensorError, ...) too, not only OSError
+        if fs_cause(exc) is None:
             raise
         raise fs_error(exc, real) from None
     finally:
-        _remove_tree(tmp)
+        _remove_temp(tmp)
 
 
 def _umask_modes(tmp: Path) -> None:
@@ -423,35 +602,94 @@ def _umask_modes(tmp: Path) -> None:
 
 def _install(tmp: Path, real: Path, shown: str, kind: str, adopt: Adopt | None) -> None:
     _umask_modes(tmp)
-    new = sorted(os.listdir(tmp))
+    new = sorted(set(os.listdir(tmp)) - _RESERVED)
     marker = _owned(real, shown, kind, adopt)  # again: the folder may have changed while the output was made
     if marker is None and not real.exists():
         _write_marker(tmp, kind, new)
         try:
-            os.rename(tmp, real)
-            return
+            os.rename(tmp, real)  # the whole output in one step
         except OSError as exc:  # another process made it meanwhile: merge into it like into any folder
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                 raise
             marker = _owned(real, shown, kind, adopt)
+        else:
+            _mine.discard(str(tmp))
+            with contextlib.suppress(OSError):
+                os.unlink(real / TOKEN_FILE)  # left by a kill just here, it is a reserved name: harmless
+            return
     old = marker["files"] if marker else []
     _write_marker(real, kind, [*old, *new])  # first: a kill part-way leaves every entry accounted for
-    for name in new:
-        if name != MARKER:
+    with writing(real):  # entries go in one by one: INCOMPLETE until the last one is in
+        for name in new:
             _move_in(tmp / name, real / name, real)
-    for name in set(old) - set(new):
-        _remove_tree(real / name)
-    _write_marker(real, kind, [n for n in new if n != MARKER])
+        for name in set(old) - set(new):
+            _remove_tree(real / name)
+        _write_marker(real, kind, new)
 
 
 def _move_in(src: Path, dst: Path, folder: Path) -> None:
+    """Put ``src`` at ``dst``: renamed over it, or, for a folder, the old one is first moved into a
+    temporary (which a kill leaves recognisable, so the next run removes it)."""
     if (dst.is_dir() and not dst.is_symlink()) or (src.is_dir() and os.path.lexists(dst)):
-        aside = folder / _temp_name(dst.name)
-        os.rename(dst, aside)
-        os.rename(src, dst)
-        _remove_tree(aside)
+        aside = _make_temp(folder, dst.name)
+        try:
+            os.rename(dst, aside / dst.name)
+            os.rename(src, dst)
+        finally:
+            _remove_temp(aside)
     else:
         os.replace(src, dst)
+
+
+# ---------------------------------------------------------------------------------------
+# Whole or visibly incomplete
+
+
+@contextmanager
+def writing(folder: str | os.PathLike[str]) -> Iterator[Path]:
+    """Write into the interp output ``folder`` in place: :data:`INCOMPLETE` is written there first and
+    removed when the block ends normally, so a kill or a failure at any point leaves a folder that says
+    it is incomplete (:func:`check_complete`). Blocks nest (the outermost one removes the file).
+
+    ``folder`` must already be an interp output (:func:`claim_folder`): interp marks only its own folders.
+    """
+    real = resolve(folder)
+    if _read_marker(real) is None:
+        raise ResourceError(f"{folder} is not an interp output folder (no {MARKER}); claim it first.")
+    key = str(real)
+    if key not in _writing:
+        note = (f"An interp run (process {os.getpid()} on {socket.gethostname()}) is writing this folder, or was "
+                "killed or failed while writing it: what is here may mix two runs. Rerun the same command to "
+                "finish it; interp refuses to read the folder until then.\n")
+        write_text(real / INCOMPLETE, note)
+    _writing[key] = _writing.get(key, 0) + 1
+    finished = False
+    try:
+        yield real
+        finished = True
+    finally:
+        _writing[key] -= 1
+        if _writing[key] == 0:
+            del _writing[key]
+            if finished:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(real / INCOMPLETE)
+
+
+def is_complete(folder: str | os.PathLike[str]) -> bool:
+    """Whether ``folder`` holds no :data:`INCOMPLETE` (written by :func:`writing`)."""
+    return not os.path.lexists(Path(folder) / INCOMPLETE)
+
+
+def check_complete(folder: str | os.PathLike[str], what: str = "output") -> Path:
+    """``folder``, or a :class:`~interp.errors.DataError` when it is an interp output that a run left incomplete.
+
+    Every reader of a finished interp output calls this before reading it."""
+    path = Path(folder)
+    if not is_complete(path) and os.path.isfile(path / MARKER):
+        raise DataError(f"The {what} in {folder} is incomplete: an interp run was killed or failed while writing it "
+                        f"({INCOMPLETE} is there), so it may mix two runs. Rerun the command that wrote it.")
+    return path
 
 
 def ensure_writable_dir(folder: str | Path) -> Path:

@@ -368,22 +368,61 @@ def dead_pid() -> int:
     return child.pid
 
 
-def test_a_dead_runs_temporaries_are_cleaned_and_nothing_else(tmp_path):
-    pid = dead_pid()
-    dead_file = tmp_path / f".results.json.partial-{pid}"
-    dead_file.write_text("half")
-    dead_stash = tmp_path / f"interp-stash-{pid}-{io._HOST}-0a1b"
-    (dead_stash / "inner").mkdir(parents=True)
-    alive = tmp_path / f".other.partial-{os.getpid()}-{io._HOST}-ffff"  # this process: still running
-    alive.write_text("in use")
-    other_host = tmp_path / f".x.partial-{pid}-00000000-beef"  # another machine's, on a shared disk
-    other_host.write_text("theirs")
-    foreign = [tmp_path / ".X.partial-foo", tmp_path / "notes.partial-1", tmp_path / "interp-stash-mine"]
-    for path in foreign:
+DIES = """
+import os, sys
+from pathlib import Path
+from interp import io
+parent = Path(sys.argv[1])
+stash = io.PrivateFolder(parent)
+made = [io._make_temp(parent, "results.json"), stash.path]
+(made[0] / "results.json").write_text("half")
+(made[1] / "inner").mkdir()
+print(" ".join(map(str, made)), flush=True)
+os._exit(0)  # like a kill: no finalizer, no cleanup
+"""
+
+
+def look_alikes(folder: Path, pid: int) -> list[Path]:
+    """A user's files and folders named exactly like interp's temporaries of a dead process of this host,
+    without a token that checks out (none, a wrong one, one in a file that is not a regular file)."""
+    shape = f"{pid}-{io._HOST}-0123456789abcdef"
+    paths = [folder / f".results.json.partial-{shape}", folder / f"interp-stash-{shape}",
+             folder / f".out.partial-{pid}", folder / ".X.partial-foo", folder / "notes.partial-1",
+             folder / "interp-stash-mine"]
+    paths[0].write_text("a user's file")
+    paths[1].mkdir()
+    (paths[1] / io.TOKEN_FILE).write_text("f" * 32)  # a token, but not the secret of the name's token
+    (paths[1] / "thesis.tex").write_text("years of work")
+    paths[2].mkdir()
+    (paths[2] / "data.csv").write_text("1,2")
+    for path in paths[3:]:
         path.write_text("user")
+    return paths
+
+
+def test_a_dead_runs_temporaries_are_cleaned_and_nothing_else(tmp_path):
+    child = subprocess.run([sys.executable, "-c", DIES, str(tmp_path)], capture_output=True, text=True, cwd=REPO,
+                           check=True)
+    temporaries = [Path(p) for p in child.stdout.split()]
+    assert all(io.is_temporary(p) for p in temporaries)
+    users = look_alikes(tmp_path, dead_pid())
+    alive = io._make_temp(tmp_path, "other")  # this process: still running
+    before = snapshot(tmp_path)
     io.write_json(tmp_path / "results.json", {"a": 1})
-    assert not dead_file.exists() and not dead_stash.exists()
-    assert alive.exists() and other_host.exists() and all(p.read_text() == "user" for p in foreign)
+    assert not any(p.exists() for p in temporaries)
+    assert alive.exists() and not any(io.is_temporary(p) for p in users)
+    assert unchanged({k: v for k, v in before.items() if not k.startswith(tuple(p.name for p in temporaries))},
+                     snapshot(tmp_path)) == []
+    io._remove_temp(alive)
+
+
+def test_a_look_alike_is_deleted_when_temporaries_are_known_by_name_alone(tmp_path, monkeypatch):
+    """The mutation check of the test above: with :func:`interp.io.is_temporary` reading the name alone
+    (the rule before this change), the same write deletes a user's look-alike files."""
+    users = look_alikes(tmp_path, dead_pid())
+    monkeypatch.setattr(io, "is_temporary", lambda path: io._TEMP.match(Path(path).name) is not None)
+    io.write_json(tmp_path / "results.json", {"a": 1})
+    assert [p.name for p in users if not p.exists()] == [users[1].name]  # the look-alike folder and its thesis
 
 
 KILLED = """
