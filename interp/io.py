@@ -46,7 +46,7 @@ import stat
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -400,6 +400,61 @@ def write_file(path: str | os.PathLike[str], produce: Callable[[Path], None]) ->
     return target
 
 
+def write_many(paths: Sequence[str | os.PathLike[str]], produce: Callable[[list[Path]], None]) -> list[Path]:
+    """Write several files of one folder with one call of a library that writes a batch (plotly's
+    ``write_images``): ``produce(tmps)`` writes files of the same names inside one temporary folder, and
+    each is then renamed over its path as :func:`write_file` does."""
+    targets = [_entry(path) for path in paths]
+    if not targets:
+        return []
+    parent = targets[0].parent
+    if any(t.parent != parent for t in targets) or len({t.name for t in targets}) != len(targets):
+        raise ValueError("write_many: the paths must be distinct files of one folder")
+    clean_stale(parent)
+    folder = _make_temp(parent, targets[0].name)
+    tmps = [folder / t.name for t in targets]
+    try:
+        fd = os.open(folder / ".mode", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's file mode
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        os.close(fd)
+        _fill(folder, lambda _: produce(tmps))
+        for tmp, target in zip(tmps, targets, strict=True):
+            if stat.S_IMODE(os.stat(tmp).st_mode) != mode:
+                os.chmod(tmp, mode)
+            os.replace(tmp, target)
+    except OSError as exc:
+        raise fs_error(exc, parent) from None
+    except InterpError:
+        raise
+    except Exception as exc:
+        if fs_cause(exc) is None:
+            raise
+        raise fs_error(exc, parent) from None
+    finally:
+        _remove_temp(folder)
+    return targets
+
+
+def copy_file(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """Copy the file ``source`` to ``path`` through :func:`write_file`."""
+    def produce(tmp: Path) -> None:
+        shutil.copyfile(source, tmp)
+
+    return write_file(path, produce)
+
+
+def copy_tree(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> list[Path]:
+    """Copy every regular file under the folder ``source`` to the same place under ``path``, each through
+    :func:`write_file` (links in ``source`` are not followed)."""
+    written = []
+    for folder, _, files in os.walk(source, followlinks=False):
+        rel = Path(folder).relative_to(source)
+        for name in sorted(files):
+            if stat.S_ISREG(os.lstat(Path(folder) / name).st_mode):
+                written.append(copy_file(Path(folder) / name, Path(path) / rel / name))
+    return written
+
+
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (see :func:`write_file`), synced to disk before the rename."""
 
@@ -439,6 +494,20 @@ def store_path(path: str | os.PathLike[str]) -> Path:
         raise ResourceError(f"{path} is a symbolic link, and interp does not write through links in its output "
                             "folder. Remove the link (or choose another --out).")
     return target
+
+
+def connect_sqlite(path: str | os.PathLike[str], **options: Any) -> Any:
+    """An SQLite connection to ``path`` (a store written in place, so it can resume), opened through the
+    writer's rules (:func:`store_path`); an unwritable folder is a :class:`~interp.errors.ResourceError`."""
+    import sqlite3
+
+    target = store_path(path)
+    try:
+        return sqlite3.connect(target, **options)
+    except sqlite3.OperationalError as exc:
+        if fs_cause(exc) is None:
+            raise
+        raise fs_error(exc, target) from None
 
 
 class PrivateFolder:
@@ -588,6 +657,29 @@ def staged_folder(path: str | os.PathLike[str], kind: str, adopt: Adopt | None =
         _remove_temp(tmp)
 
 
+@contextmanager
+def staged_files(folder: str | os.PathLike[str]) -> Iterator[Path]:
+    """Write files of ``folder`` with a library that writes a whole folder (``save_pretrained``): it writes
+    into a temporary folder inside ``folder`` (yielded), whose files are then renamed into place one by one,
+    over the names there (never through a link), as :func:`write_file` does for one file."""
+    parent = _entry(Path(folder) / TOKEN_FILE).parent  # the folder, made, resolved as any entry's
+    clean_stale(parent)
+    tmp = _make_temp(parent, "files")
+    try:
+        yield tmp
+        _umask_modes(tmp)
+        for name in sorted(set(os.listdir(tmp)) - _RESERVED):
+            _move_in(tmp / name, parent / name, parent)
+    except InterpError:
+        raise
+    except Exception as exc:  # a library's full disk too, not only OSError
+        if fs_cause(exc) is None:
+            raise
+        raise fs_error(exc, parent) from None
+    finally:
+        _remove_temp(tmp)
+
+
 def _umask_modes(tmp: Path) -> None:
     """Give every file and folder under ``tmp`` the umask's modes, as ``tmp`` itself has (made with 0o777):
     some writers (safetensors, for one) make their files 0600 whatever the umask."""
@@ -727,6 +819,25 @@ def read_safetensors(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
     except (SafetensorError, OSError) as exc:
         raise DataError(f"Cannot read the {what} in {path} ({exc}): the file is missing, truncated or not a "
                         "safetensors file written by interp. Compute and save it again.") from None
+
+
+def write_csv(path: str | os.PathLike[str], frame: Any, **options: Any) -> Path:
+    """Write a pandas frame as CSV through :func:`write_file` (``options`` go to ``DataFrame.to_csv``)."""
+    return write_file(path, lambda tmp: frame.to_csv(tmp, **options))
+
+
+def write_parquet(path: str | os.PathLike[str], frame: Any, **options: Any) -> Path:
+    """Write a pandas frame as parquet through :func:`write_file`."""
+    return write_file(path, lambda tmp: frame.to_parquet(tmp, **options))
+
+
+def write_safetensors(path: str | os.PathLike[str], tensors: dict[str, Any],
+                      metadata: dict[str, str] | None = None) -> Path:
+    """Write tensors as safetensors through :func:`write_file` (a full disk inside safetensors is a
+    :class:`~interp.errors.ResourceError` too)."""
+    from safetensors.torch import save_file  # imported on use: it imports torch
+
+    return write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
 def write_json(path: str | Path, obj: Any) -> None:

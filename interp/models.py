@@ -49,7 +49,7 @@ from interp.checkpoints import describe_in_memory, load_quantized_hf
 from interp.checkpoints import quantization_config as quantized_checkpoint
 from interp.data import bos_token_id
 from interp.errors import ModelLoadError, ResourceError  # noqa: E402
-from interp.io import ensure_writable_dir, staged_folder, write_text  # noqa: E402
+from interp.io import ensure_writable_dir, staged_files, staged_folder, write_text  # noqa: E402
 from interp.loading import check_gguf, pretrained, pretrained_model, read_config  # noqa: E402
 
 BUNDLED = {
@@ -746,9 +746,10 @@ def export_hf(model: Any, folder: str | os.PathLike[str]) -> Path:
     with _quiet():
         fresh = AutoModelForCausalLM.from_config(model.original_model.config)
         fresh.load_state_dict({k: v.detach() for k, v in canonical_state_dict(model).items()})
-        fresh.save_pretrained(out)
-        if model.tokenizer is not None:
-            model.tokenizer.save_pretrained(out)
+        with staged_files(out) as tmp:  # through the one writer: each file renamed into place
+            fresh.save_pretrained(tmp)
+            if model.tokenizer is not None:
+                model.tokenizer.save_pretrained(tmp)
     return out
 
 

@@ -37,7 +37,6 @@ from typing import Any
 
 import pandas as pd
 import torch
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from interp import validate
@@ -49,7 +48,7 @@ from interp.attention.metrics import AttentionMetric
 from interp.data import Examples, counted_positions, left_aligned
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, DataError, InterpError, NonFiniteError
-from interp.io import ensure_writable_dir, read_safetensors, write_json
+from interp.io import ensure_writable_dir, read_safetensors, write_json, write_parquet, write_safetensors
 from interp.models import Model, model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import StopForward, batches, check_examples, check_memory, device_of, show_progress
@@ -236,10 +235,10 @@ class ProbeResult(ResultDisplay):
         """Write ``stats.safetensors``, ``probe.json`` and ``probe.parquet`` into ``folder``."""
 
         out = ensure_writable_dir(folder)
-        save_file({k.replace("/", "."): v.contiguous() for k, v in self.stats.items()},
-                  str(out / "stats.safetensors"))
+        write_safetensors(out / "stats.safetensors",
+                          {k.replace("/", "."): v.contiguous() for k, v in self.stats.items()})
         write_json(out / "probe.json", {"layers": self.layers, "ids": self.ids, "settings": self.settings})
-        self.to_frame().to_parquet(out / "probe.parquet", index=False)
+        write_parquet(out / "probe.parquet", self.to_frame(), index=False)
         return out
 
     @classmethod

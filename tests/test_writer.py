@@ -495,3 +495,111 @@ def test_the_guard_catches_each_spelling():
     assert [v.split(" ", 1)[1] for v in door_violations(source, "x.py")] == [
         "from shutil import rmtree", "shutil.rmtree", "os.replace", "tempfile.mkdtemp", ".unlink()",
         "tmp.rename()", "tmp.replace()"]
+
+
+# ---------------------------------------------------------------------------------------
+# Every file goes through the writer
+
+# the calls that write a file (pandas, plotly, safetensors, transformers, torch, numpy, sqlite, pathlib, shutil)
+WRITE_METHODS = {"write_text", "write_bytes", "to_csv", "to_parquet", "to_feather", "to_excel", "to_json",
+                 "to_pickle", "save_file", "save_pretrained", "write_html", "write_image", "write_images",
+                 "savetxt", "savez", "copyfile", "copy2", "copytree", "touch"}
+MODULE_WRITES = {("torch", "save"), ("np", "save"), ("numpy", "save"), ("sqlite3", "connect"), ("shutil", "copy")}
+THROUGH = {"write_file", "write_many"}  # a lambda or function handed to these writes a temporary of the writer
+STAGED = {"staged_folder", "staged_files"}  # in `with staged_folder(...) as tmp:` a library writes interp's temporary
+# "path:line": why a write outside the writer is allowed
+WRITE_ALLOWED: dict[str, str] = {}
+
+
+def _call_name(node: ast.AST) -> str:
+    func = node.func if isinstance(node, ast.Call) else node
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def _writes(node: ast.Call) -> str | None:
+    """What ``node`` writes, when it is a call that writes a file; ``None`` otherwise."""
+    func = node.func
+    if isinstance(func, ast.Name) and func.id == "open" or isinstance(func, ast.Attribute) and func.attr == "open":
+        modes = [a for a in node.args[1:2]] + [k.value for k in node.keywords if k.arg == "mode"]
+        if isinstance(func, ast.Attribute) and not isinstance(func.value, ast.Name | ast.Attribute | ast.Call):
+            return None
+        if isinstance(func, ast.Attribute):
+            modes = [a for a in node.args[:1]] + [k.value for k in node.keywords if k.arg == "mode"]
+        if any(isinstance(m, ast.Constant) and isinstance(m.value, str) and set(m.value) & set("wax+")
+               for m in modes):
+            return "open(..., 'w')"
+        return None
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+            and (func.value.id, func.attr) in MODULE_WRITES:
+        return f"{func.value.id}.{func.attr}"
+    if isinstance(func, ast.Attribute) and func.attr in WRITE_METHODS:
+        if func.attr in {"to_csv", "to_json"} and not node.args and not any(
+                k.arg in {"path_or_buf", "path"} for k in node.keywords):
+            return None  # returns the text
+        if func.attr == "write_text" and isinstance(func.value, ast.Name) and func.value.id == "io":
+            return None  # interp.io.write_text
+        if func.attr == "write_bytes" and isinstance(func.value, ast.Name) and func.value.id == "io":
+            return None
+        return f".{func.attr}()"
+    if isinstance(func, ast.Name) and func.id in {"save_file", "copyfile", "copy2", "copytree"}:
+        return f"{func.id}()"
+    return None
+
+
+def _through_the_writer(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    """Whether ``node`` sits in a lambda or function handed to write_file/write_many, or in a staged folder."""
+    child, parent = node, parents.get(node)
+    while parent is not None:
+        if isinstance(child, ast.Lambda) and isinstance(parent, ast.Call) and _call_name(parent) in THROUGH:
+            return True
+        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+            scope = parents.get(child)
+            for call in ast.walk(scope) if scope is not None else []:
+                if isinstance(call, ast.Call) and _call_name(call) in THROUGH and any(
+                        isinstance(a, ast.Name) and a.id == child.name for a in call.args):
+                    return True
+        if isinstance(parent, ast.With | ast.AsyncWith) and child in parent.body and any(
+                isinstance(item.context_expr, ast.Call) and _call_name(item.context_expr) in STAGED
+                for item in parent.items):
+            return True
+        child, parent = parent, parents.get(parent)
+    return False
+
+
+def write_violations(source: str, filename: str) -> list[str]:
+    tree = ast.parse(source, filename)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and (what := _writes(node)) and not _through_the_writer(node, parents):
+            found.append((node.lineno, node.col_offset, f"{filename}:{node.lineno} {what}"))
+    return [f for *_, f in sorted(found)]
+
+
+def test_every_file_write_goes_through_the_writer():
+    """No module but interp/io.py writes a file itself: every pandas, plotly, safetensors, transformers,
+    torch, numpy, SQLite and plain write is a ``produce`` handed to :func:`interp.io.write_file` (or
+    ``write_many``), or a library writing into a staged folder's temporary."""
+    found = []
+    for path in sorted((REPO / "interp").rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel != "interp/io.py":
+            found += write_violations(path.read_text(), rel)
+    assert [f for f in found if f.split(" ")[0] not in WRITE_ALLOWED] == []
+
+
+def test_the_write_guard_catches_each_spelling():
+    """The mutation check of the guard: each way of writing a file outside the writer is found, and the same
+    calls handed to the writer are not."""
+    source = ("import sqlite3, torch\n"
+              "frame.to_csv(out / 'a.csv')\nfig.write_html(out / 'a.html')\nsave_file(t, str(p))\n"
+              "model.save_pretrained(out)\n(out / 'x').write_text('a')\ntorch.save(t, p)\nsqlite3.connect(p)\n"
+              "open(p, 'w')\nwith open(p, mode='ab') as fh: pass\np.open('w')\nshutil.copy(a, b)\n"
+              "text = frame.to_csv(index=False)\nopen(p)\np.open()\n"
+              "write_file(p, lambda tmp: frame.to_csv(tmp))\n"
+              "def produce(tmp):\n    save_file(t, str(tmp))\nwrite_file(p, produce)\n"
+              "with staged_folder(out, 'k') as tmp:\n    model.save_pretrained(tmp)\n"
+              "with staged_files(out) as tmp:\n    model.save_pretrained(tmp)\n")
+    assert [v.split(" ", 1)[1] for v in write_violations(source, "x.py")] == [
+        ".to_csv()", ".write_html()", "save_file()", ".save_pretrained()", ".write_text()", "torch.save",
+        "sqlite3.connect", "open(..., 'w')", "open(..., 'w')", "open(..., 'w')", "shutil.copy"]

@@ -51,8 +51,8 @@ def cmd_attention(args: argparse.Namespace) -> int:
     from interp.attention.metrics import METRICS
     from interp.cli.shard import sharded_attention
     from interp.figures.attention import attention_map, metric_by_layer, metric_heatmap
-    from interp.figures.style import export_static
-    from interp.io import ensure_writable_dir, write_json
+    from interp.figures.style import export_static, save_html
+    from interp.io import ensure_writable_dir, write_csv, write_json
     from interp.runtime.batching import device_of
     from interp.runtime.distributed import pin_threads, process_group
 
@@ -65,8 +65,8 @@ def cmd_attention(args: argparse.Namespace) -> int:
         result = sharded_attention(args, model, examples, args.beta or None, layers)
     if result is None:  # a rank other than 0: its batches are in --out/parts
         return 0
-    result.to_frame().to_csv(out / "attention_by_head.csv", index=False)
-    result.by_layer().to_csv(out / "attention_by_layer.csv", index=False)
+    write_csv(out / "attention_by_head.csv", result.to_frame(), index=False)
+    write_csv(out / "attention_by_layer.csv", result.by_layer(), index=False)
     write_json(out / "attention.json", result.to_dict())
     figs = {f"{m}_by_layer": metric_by_layer(result, m) for m in METRICS}
     figs.update({f"{m}_heatmap_{v}": metric_heatmap(result, m, v) for m in ("entropy", "gtd", "sink_share")
@@ -81,8 +81,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
             head = int(pattern[:, 1:, 0].mean(1).argmax())  # the most sink-heavy head
             figs[f"map_L{layer}_H{head}_{variant}"] = attention_map(
                 pattern[head], labels, f"layer {layer} head {head} ({variant})")
-    for name, fig in figs.items():
-        fig.write_html(out / f"{name}.html", include_plotlyjs="directory")
+    save_html(figs, out)
     if not args.no_static:
         export_static(figs, out / "static")
     summary = result.by_layer()

@@ -7,6 +7,7 @@ raises :class:`~interp.errors.InterpError` with one line saying what to fix."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import math
 import os
@@ -256,6 +257,17 @@ def check_out(args: argparse.Namespace) -> None:
     from interp.io import claim_folder
 
     claim_folder(args.out, out_kind(args))
+
+
+def writing_out(args: argparse.Namespace) -> contextlib.AbstractContextManager[Any]:
+    """While a command runs, the ``--out`` folder :func:`check_out` claimed holds ``INCOMPLETE``
+    (:func:`interp.io.writing`): a kill or a failure at any point leaves it saying so. Under torchrun
+    only rank 0, which writes the outputs, marks it (another rank finishing first must not unmark it)."""
+    if check_out not in getattr(args, "checks", ()) or os.environ.get("RANK", "0") not in ("", "0"):
+        return contextlib.nullcontext()
+    from interp.io import writing  # imported on use, like every check here
+
+    return writing(args.out)
 
 
 def set_threads(args: argparse.Namespace) -> None:

@@ -97,8 +97,11 @@ def _error_setup(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 
 
 def _write(out: Path, name: str, table: Any, figure: Any) -> None:
-    table.to_csv(out / f"{name}.csv", index=False)
-    figure.write_html(out / f"{name}.html", include_plotlyjs="directory", full_html=True)
+    from interp.figures.style import save_html
+    from interp.io import write_csv
+
+    write_csv(out / f"{name}.csv", table, index=False)
+    save_html({name: figure}, out)
 
 
 def _show(title: str, table: Any) -> None:
@@ -111,9 +114,9 @@ def _show(title: str, table: Any) -> None:
 
 def _save_settings(out: Path, args: argparse.Namespace, reference: Any, examples: Any, split: Any,
                    seconds: float, extra: dict[str, Any] | None = None) -> None:
-    from interp.io import write_json
+    from interp.io import write_csv, write_json
 
-    split.to_frame().to_csv(out / "split.csv")
+    write_csv(out / "split.csv", split.to_frame())
     write_json(out / "settings.json", {
         "command": args.command, "model": args.model, "method": args.method, "examples": examples.settings,
         "split": split.to_dict(), "model_info": reference.info.to_dict(), "seconds": seconds,

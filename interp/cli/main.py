@@ -25,7 +25,7 @@ from pathlib import Path
 
 from interp import __version__
 from interp.cli import attention, circuit, lens, prescribe, probe, quant, report
-from interp.cli.common import COMMANDS, HelpFormatter, refuse_unsharded, unknown_name
+from interp.cli.common import COMMANDS, HelpFormatter, refuse_unsharded, unknown_name, writing_out
 from interp.errors import InterpError
 
 DESCRIPTION = (
@@ -150,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         refuse_unsharded(args.command)
         for check in getattr(args, "checks", ()):
             check(args)
-        return int(args.func(args) or 0)
+        with writing_out(args):  # --out says INCOMPLETE until the command has written all of it
+            return int(args.func(args) or 0)
     # One clause per failure family, each of the same shape (one line, exit 2): deliberate, so that
     # each can say what to do in its own words.
     except InterpError as exc:
@@ -221,12 +222,12 @@ def write_crash_log(exc: BaseException) -> Path | None:
     cache = os.environ.get("INTERP_CACHE") or (Path(home) / ".cache" / "interp" if home else None)
     stamp = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     folders = [Path(cache) / "logs"] if cache else []
+    from interp.io import write_text
+
     for folder in (*folders, Path(tempfile.gettempdir()) / "interp-logs"):
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / stamp).write_text(text)
-            return folder / stamp
-        except OSError:
+            return write_text(folder / stamp, text)
+        except (OSError, InterpError):
             continue
     return None
 

@@ -105,7 +105,9 @@ def cmd_prescribe(args: argparse.Namespace) -> int:
     rows = calibration.subset(list(range(min(args.sensitivity_n, len(calibration)))))
     scores = sensitivity(model, f"{args.method}:bits={min(args.bits)},group={args.group}", rows,
                          calibration=calibration, progress=False)  # cached by prescribe: a read
-    scores.table(n_boot=1000, seed=args.seed).to_csv(Path(args.out) / "sensitivity.csv", index=False)
+    from interp.io import write_csv
+
+    write_csv(Path(args.out) / "sensitivity.csv", scores.table(n_boot=1000, seed=args.seed), index=False)
     high = sum(1 for bits in plan.widths.values() if bits == max(args.bits))
     print(f"{high} of {len(plan.widths)} weights at {max(args.bits)} bits: {plan.achieved:.4f} bits per weight "
           f"(budget {plan.budget:g}; ends {plan.ends[0]:.4f} and {plan.ends[1]:.4f}), {time.time() - start:.0f} s. "

@@ -56,7 +56,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from interp.cli.shard import sharded_probe
-    from interp.io import ensure_writable_dir
+    from interp.io import ensure_writable_dir, write_csv
     from interp.runtime.batching import device_of
     from interp.runtime.distributed import pin_threads, process_group
 
@@ -71,7 +71,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         return 0
     result.save(out)
     summary = result.summary()
-    summary.to_csv(out / "summary.csv")
+    write_csv(out / "summary.csv", summary)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3f}".format):
         print(summary)
     print(f"\n{len(examples)} examples x {examples.seq_len} tokens, {model.info.n_layers} layers, "

@@ -294,6 +294,9 @@ def _check_scores_folder(args: argparse.Namespace) -> None:
     folder = Path(args.scores)
     if not (folder / "scores.sqlite").is_file() and not (folder / "errors.csv").is_file():
         raise InterpError(f"{folder} has no scores.sqlite or errors.csv: run `interp score --out {folder}` first.")
+    from interp.io import check_complete
+
+    check_complete(folder, "score output")  # a killed `interp score` left it part-written: resume it first
     args.settings = _read_settings(folder)
 
 
@@ -427,11 +430,9 @@ def _write_figures(figures: dict[str, Any], out: Path) -> list[Path]:
     """Each figure as ``<name>.html`` (plotly.min.js written once beside the pages: offline, and not copied
     into each file), and as PNG when ``BROWSER_PATH`` names an existing browser for static export."""
     from interp.figures import export_static
+    from interp.figures.style import save_html
 
-    written = []
-    for name, fig in figures.items():
-        fig.write_html(out / f"{name}.html", include_plotlyjs="directory", full_html=True)
-        written.append(out / f"{name}.html")
+    written = save_html(figures, out)
     browser = os.environ.get("BROWSER_PATH", "")
     if browser and Path(browser).exists():
         written.extend(export_static(figures, out, formats=("png",)))

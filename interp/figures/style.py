@@ -73,21 +73,38 @@ def export_static(figures: Mapping[str, go.Figure], folder: str | Path, formats:
     """
     import plotly.io as pio
 
+    from interp import io
 
     if not os.environ.get("BROWSER_PATH") and Path("/usr/bin/chromium").exists():
         os.environ["BROWSER_PATH"] = "/usr/bin/chromium"
     out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
     figs, paths = [], []
     for name, fig in figures.items():
         for fmt in formats:
             figs.append(fig)
             paths.append(out / f"{name}.{fmt}")
-    try:
-        pio.write_images(figs, paths, scale=scale, width=900, height=520)
+    try:  # one browser for all of them, through the one writer (each file renamed into place)
+        return io.write_many(paths, lambda tmps: pio.write_images(figs, tmps, scale=scale, width=900, height=520))
+    except ResourceError:
+        raise  # a full or read-only disk, in the writer's words
     except Exception as exc:  # noqa: BLE001 - kaleido reports browser problems in many ways
         raise ResourceError(
             f"Static figure export failed ({type(exc).__name__}: {exc}). It needs Chromium: run "
             "`make chromium` or set BROWSER_PATH to a Chromium/Chrome binary."
         ) from None
-    return paths
+
+
+def save_html(figures: Mapping[str, go.Figure], folder: str | Path) -> list[Path]:
+    """Each figure as ``<folder>/<name>.html``, with ``plotly.min.js`` written once beside them (offline, not
+    copied into each page), every file through interp's one writer (:mod:`interp.io`)."""
+    import plotly.io as pio
+    from plotly.offline import get_plotlyjs
+
+    from interp import io
+
+    out = Path(folder)
+    written = [io.write_text(out / "plotly.min.js", get_plotlyjs())] if figures else []
+    for name, fig in figures.items():
+        written.append(io.write_text(out / f"{name}.html", pio.to_html(fig, include_plotlyjs="directory",
+                                                                      full_html=True)))
+    return written[1:]

@@ -42,7 +42,7 @@ from interp import validate
 from interp.data import Examples
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, InterpError
-from interp.io import ensure_writable_dir
+from interp.io import ensure_writable_dir, write_csv
 from interp.models import Model
 from interp.runtime import hooks as hk
 from interp.runtime import placement
@@ -210,7 +210,7 @@ class RestorationResult(ResultDisplay):
 
     def save(self, folder: str | Path) -> Path:
         out = ensure_writable_dir(folder)
-        self.table().to_csv(out / "restoration.csv", index=False)
+        write_csv(out / "restoration.csv", self.table(), index=False)
         return out
 
 

@@ -67,7 +67,7 @@ from tqdm.auto import tqdm
 from interp import models
 from interp.data import Examples
 from interp.errors import ComponentError, InterpError, SpecError
-from interp.io import ensure_writable_dir, staged_folder, write_file, write_json
+from interp.io import ensure_writable_dir, is_complete, staged_folder, write_file, write_json
 from interp.models import Model, model_hash, model_name  # model_hash is re-exported here
 from interp.quant.calibration import FEEDER_VERSION, LayerFeeder, OutOfOrder
 from interp.quant.methods import LayerInputs, quantize_weight, relative_error
@@ -499,7 +499,7 @@ def read_quant_info(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     folder = Path(path)
     try:
         record = json.loads((folder / INFO_FILE).read_text())
-        complete = (folder / WEIGHTS_FILE).stat().st_size == record.get("weights_bytes")
+        complete = (folder / WEIGHTS_FILE).stat().st_size == record.get("weights_bytes") and is_complete(folder)
     except (OSError, json.JSONDecodeError):
         return None
     has_hash = isinstance(record.get("weights_sha256"), str)

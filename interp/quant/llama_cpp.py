@@ -163,9 +163,9 @@ def tensor_type_lines(shapes: Sequence[WeightShape], types: Mapping[str, str]) -
 def write_tensor_types(path: str | os.PathLike[str], shapes: Sequence[WeightShape],
                        types: Mapping[str, str]) -> Path:
     """Write a ``llama-quantize --tensor-type-file`` giving every weight in ``shapes`` its type."""
-    path = Path(path)
-    path.write_text("\n".join(tensor_type_lines(shapes, types)) + "\n")
-    return path
+    from interp.io import write_text
+
+    return write_text(path, "\n".join(tensor_type_lines(shapes, types)) + "\n")
 
 
 def read_tensor_types(path: str | os.PathLike[str], tensor_names: Sequence[str] | None = None

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from interp.data import Examples
-from interp.io import write_json
+from interp.io import write_csv, write_json
 from interp.models import Model
 from interp.quant.apply import read_quant_info
 from interp.quant.spec import MethodSpec
@@ -57,11 +57,11 @@ def write_score_outputs(out: Path, model_source: str, model: Model, examples: Ex
     Returns:
         The settings written.
     """
-    errors.to_csv(out / "errors.csv")
+    write_csv(out / "errors.csv", errors)
     with ScoreStore(out) as st:
-        st.nll_frame(ids=examples.ids).to_csv(out / "nll.csv")
+        write_csv(out / "nll.csv", st.nll_frame(ids=examples.ids))
         if kl:
-            st.kl_frame(ids=examples.ids).to_csv(out / "kl.csv")
+            write_csv(out / "kl.csv", st.kl_frame(ids=examples.ids))
     settings = {
         "model": model_source, "model_info": model.info.to_dict(), "examples": examples.settings,
         "calibration": None if calibration is None else {**calibration.settings, "ids": calibration.ids},

@@ -63,7 +63,7 @@ from tqdm.auto import tqdm
 from interp import models, stats
 from interp.data import Examples
 from interp.errors import InterpError
-from interp.io import ensure_writable_dir, sanitize, write_json
+from interp.io import ensure_writable_dir, sanitize, write_csv, write_json
 from interp.models import Model
 from interp.quant.apply import ROLES, cache_key, examples_hash, quantize, quantize_cached
 from interp.quant.spec import MethodSpec, parse_spec
@@ -148,7 +148,7 @@ class Sensitivity:
         frame.insert(0, "weights", self.weights)
         frame.insert(0, "role", self.roles)
         frame.insert(0, "layer", self.layers)
-        frame.to_csv(out / TABLE_FILE, index=False, float_format="%.9g")
+        write_csv(out / TABLE_FILE, frame, index=False, float_format="%.9g")
         write_json(out / INFO_FILE, sanitize({"spec": self.spec, "settings": self.settings,
                                               "version": SENSITIVITY_VERSION}))
         return out

@@ -54,7 +54,7 @@ from tqdm.auto import tqdm
 from interp import validate
 from interp.data import Examples
 from interp.errors import InterpError, NonFiniteError, SpecError
-from interp.io import atomic_write_bytes, ensure_writable_dir
+from interp.io import connect_sqlite, ensure_writable_dir, write_parquet
 from interp.models import Model
 from interp.quant.apply import model_hash, quantize_cached
 from interp.quant.inplace import cached_variant, variant
@@ -161,7 +161,7 @@ class ScoreStore:
             self.path = ensure_writable_dir(path) / STORE_FILE
         self.folder = self.path.parent
         try:
-            self._db = sqlite3.connect(self.path, timeout=120, isolation_level=None)
+            self._db = connect_sqlite(self.path, timeout=120, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._check_schema()
@@ -331,16 +331,12 @@ class ScoreStore:
     def write_token_nll(self, model: str, spec: str, ids: Sequence[str], values: torch.Tensor) -> None:
         """Store one batch's per-token NLL ``[B, T-1]`` (float32) as one parquet file, atomically."""
         import hashlib
-        import io
 
         folder = self._token_dir(model, spec)
-        folder.mkdir(parents=True, exist_ok=True)
         frame = pd.DataFrame(values.float().numpy(), index=pd.Index([str(i) for i in ids], name="example"),
                              columns=[f"t{t + 1}" for t in range(values.shape[1])])
-        buffer = io.BytesIO()
-        frame.to_parquet(buffer)
         name = hashlib.sha256("\x00".join(map(str, ids)).encode()).hexdigest()[:16]
-        atomic_write_bytes(folder / f"{name}.parquet", buffer.getvalue())
+        write_parquet(folder / f"{name}.parquet", frame)
 
     # -- writing --------------------------------------------------------------------
     def take_lease(self, batch: str, done: Callable[[], bool], seconds: float = LEASE_SECONDS) -> bool:

@@ -55,7 +55,7 @@ import torch
 from interp import stats
 from interp.data import Examples, load_examples
 from interp.errors import InterpError
-from interp.io import write_file, write_json
+from interp.io import copy_file, copy_tree, write_csv, write_file, write_json
 from interp.localize.patching import gate_input_vs_gate_weights, patching_table
 from interp.localize.restoration import restoration_sweep
 from interp.localize.tuned_lens import tuned_early_exit, tuned_lens_cached
@@ -752,21 +752,17 @@ def write_results(result: dict[str, Any], folder: str | Path, raw_from: str | Pa
     per-token values, the run's commit, kernels and threads), from which ``--analyse-only`` regenerates every
     table."""
     out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
     if raw_from is not None:
-        import shutil
-
         for name in RAW:
             source, target = Path(raw_from) / name, out / "raw" / name
-            target.parent.mkdir(parents=True, exist_ok=True)
             if source.is_dir():
-                shutil.copytree(source, target, dirs_exist_ok=True)
+                copy_tree(source, target)
             elif source.exists():
-                shutil.copy2(source, target)
-    result["reproduction"].to_csv(out / "reproduction.csv", index=False)
+                copy_file(source, target)
+    write_csv(out / "reproduction.csv", result["reproduction"], index=False)
     for name in ("controls_restoration", "controls_early_exit", "controls_h_mse_all_examples", "patching",
                  "noise_ceiling_pairs"):
-        result[name].to_csv(out / f"{name}.csv", index=False)
+        write_csv(out / f"{name}.csv", result[name], index=False)
     write_json(out / "summary.json", {k: result[k] for k in ("preregistration", "preregistration_sha256", "criteria",
                                                               "kernels", "n", "d_large", "instances",
                                                               "self_agreement")})

@@ -802,10 +802,11 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads((folder / "results.json").read_text())
         tables[str(results["settings"]["model"])] = pd.DataFrame(results["reproduction"])
     table = side_by_side(tables)
+    from interp.io import write_csv, write_text
+
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "reproduction.csv", index=False)
-    (out / "reproduction.md").write_text(markdown_table(table.drop(columns=["paper"])))
+    write_csv(out / "reproduction.csv", table, index=False)
+    write_text(out / "reproduction.md", markdown_table(table.drop(columns=["paper"])))
     print(table[["claim"] + [c for c in table.columns if c.endswith("verdict")] + ["across columns"]].to_string())
     return 0
 

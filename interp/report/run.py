@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from interp import validate
 from interp.errors import InterpError
 from interp.figures import export_static
-from interp.io import atomic_write_bytes, claim_folder, write_json
+from interp.io import atomic_write_bytes, claim_folder, write_csv, write_json
 from interp.report.context import MainRankOnly, ReportContext, ReportSettings, Stage, StageOutput
 from interp.report.html import _versions, csv_data_uri, provenance, render_html
 from interp.report.stages import STAGES
@@ -214,11 +214,10 @@ def _write_outputs(folder: Path, settings: ReportSettings, stages: list[Stage], 
         atomic_write_bytes(folder / "report.html", render_html(
             *args, plotly_js=plotly_js, csv_links=lambda stem, table: csv_data_uri(table), **page).encode("utf-8"))
     tables_dir = folder / "tables"
-    tables_dir.mkdir(exist_ok=True)
-    reproduction.to_csv(tables_dir / "reproduction.csv", index=False)
+    write_csv(tables_dir / "reproduction.csv", reproduction, index=False)
     for name, output in outputs.items():
         for table_name, table in output.tables.items():
-            table.to_csv(tables_dir / f"{name}__{table_name}.csv", index=False)
+            write_csv(tables_dir / f"{name}__{table_name}.csv", table, index=False)
     if static:
         figures = {f"{name}__{fig_name}": fig for name, o in outputs.items() for fig_name, fig in o.figures.items()}
         export_static(figures, folder / "figures")

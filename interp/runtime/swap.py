@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from interp.errors import ComponentError
-from interp.io import PrivateFolder
+from interp.io import PrivateFolder, write_safetensors
 from interp.models import Model
 from interp.runtime import hooks, placement
 from interp.validate import is_block_weights  # noqa: F401 - re-exported: the analyses import it from here
@@ -83,7 +83,7 @@ class WeightStash:
             # a copy per role: fused roles share storage, which safetensors refuses to write
             tensors = {role: slot.read().detach().to("cpu", copy=True).contiguous()
                        for role, slot in hooks.linear_weights(self.model, layer).items()}
-        save_file(tensors, str(self._file(layer)))
+        write_safetensors(self._file(layer), tensors)  # a full disk is a ResourceError naming the file
         self.saved.add(layer)
 
     def block(self, layer: int) -> dict[str, torch.Tensor]:

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from interp.display import ResultDisplay
 from interp.errors import InterpError
-from interp.io import ensure_writable_dir, write_json
+from interp.io import ensure_writable_dir, write_csv, write_json
 from interp.localize.patching.patches import PAPER_NAMES, Patch, span
 from interp.typing import PerExample
 
@@ -117,8 +117,8 @@ class PatchResult(ResultDisplay):
     def save(self, folder: str | Path, name: str = "patching") -> Path:
         """``{name}.csv`` (table), ``{name}_examples.csv`` (per example) and ``{name}.json`` (settings)."""
         out = ensure_writable_dir(folder)
-        self.table().to_csv(out / f"{name}.csv", index=False)
-        self.to_frame().to_csv(out / f"{name}_examples.csv", index=False)
+        write_csv(out / f"{name}.csv", self.table(), index=False)
+        write_csv(out / f"{name}_examples.csv", self.to_frame(), index=False)
         write_json(out / f"{name}.json", {"metric": self.metric, "settings": self.settings,
                                            "target": self.target_value, "source": self.source_value})
         return out

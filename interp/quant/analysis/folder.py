@@ -18,7 +18,7 @@ import pandas as pd
 from interp import models
 from interp.data import load_examples
 from interp.errors import InterpError
-from interp.io import write_json
+from interp.io import write_csv, write_json, write_parquet
 from interp.probes import probe
 from interp.quant.analysis.agreement import agreement
 from interp.quant.analysis.error_split import error_split
@@ -77,7 +77,7 @@ def run_all(
     done = FolderAnalyses()
 
     def save(name: str, result: Any) -> None:
-        result.to_frame().to_csv(out / f"{name}.csv", index=name == "split")
+        write_csv(out / f"{name}.csv", result.to_frame(), index=name == "split")
         write_json(out / f"{name}.json", result.to_dict())
         done.results[name] = result
         done.written.extend([out / f"{name}.csv", out / f"{name}.json"])
@@ -105,14 +105,14 @@ def run_all(
     # the same norms against each spec's own error (the paper correlates per quantized model)
     per_spec = [norm_error_correlation(model, examples, errors[spec], n_boot=n_boot, seed=seed,
                                        probe_result=measured).table.assign(spec=spec) for spec in errors.columns]
-    pd.concat(per_spec, ignore_index=True).to_csv(out / "norm_correlation_by_spec.csv", index=False)
+    write_csv(out / "norm_correlation_by_spec.csv", pd.concat(per_spec, ignore_index=True), index=False)
     done.written.append(out / "norm_correlation_by_spec.csv")
     if specs:
         rev = reversal(model, {s: setup.quantized(s) for s in specs}, setup.split.large, setup.split.ctrl,
                        batch_size=batch_size, n_boot=n_boot, seed=seed, progress=progress)
         save("reversal", rev)
-        rev.outliers.to_csv(out / "reversal_outliers.csv", index=False)
-        rev.per_example.to_parquet(out / "reversal_per_example.parquet", index=False)
+        write_csv(out / "reversal_outliers.csv", rev.outliers, index=False)
+        write_parquet(out / "reversal_per_example.parquet", rev.per_example, index=False)
         done.written.extend([out / "reversal_outliers.csv", out / "reversal_per_example.parquet"])
     return done
 
