@@ -643,8 +643,10 @@ def staged_folder(path: str | os.PathLike[str], kind: str, adopt: Adopt | None =
     _owned(real, shown, kind, adopt)
     _make_dirs(real.parent)
     clean_stale(real.parent)
-    tmp = _make_temp(real.parent, real.name)
+    temp = _make_temp(real.parent, real.name)
+    tmp = temp / real.name  # the output being built: the token stays beside it, never in it
     try:
+        os.mkdir(tmp, 0o777)  # the umask applies
         yield tmp
         _install(tmp, real, shown, kind, adopt)
     except InterpError:
@@ -654,7 +656,7 @@ def staged_folder(path: str | os.PathLike[str], kind: str, adopt: Adopt | None =
             raise
         raise fs_error(exc, real) from None
     finally:
-        _remove_temp(tmp)
+        _remove_temp(temp)
 
 
 @contextmanager
@@ -664,8 +666,10 @@ def staged_files(folder: str | os.PathLike[str]) -> Iterator[Path]:
     over the names there (never through a link), as :func:`write_file` does for one file."""
     parent = _entry(Path(folder) / TOKEN_FILE).parent  # the folder, made, resolved as any entry's
     clean_stale(parent)
-    tmp = _make_temp(parent, "files")
+    temp = _make_temp(parent, "files")
+    tmp = temp / "files"  # the library's alone: the token stays beside it
     try:
+        os.mkdir(tmp, 0o777)
         yield tmp
         _umask_modes(tmp)
         for name in sorted(set(os.listdir(tmp)) - _RESERVED):
@@ -677,7 +681,7 @@ def staged_files(folder: str | os.PathLike[str]) -> Iterator[Path]:
             raise
         raise fs_error(exc, parent) from None
     finally:
-        _remove_temp(tmp)
+        _remove_temp(temp)
 
 
 def _umask_modes(tmp: Path) -> None:
@@ -700,15 +704,11 @@ def _install(tmp: Path, real: Path, shown: str, kind: str, adopt: Adopt | None) 
         _write_marker(tmp, kind, new)
         try:
             os.rename(tmp, real)  # the whole output in one step
+            return
         except OSError as exc:  # another process made it meanwhile: merge into it like into any folder
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                 raise
             marker = _owned(real, shown, kind, adopt)
-        else:
-            _mine.discard(str(tmp))
-            with contextlib.suppress(OSError):
-                os.unlink(real / TOKEN_FILE)  # left by a kill just here, it is a reserved name: harmless
-            return
     old = marker["files"] if marker else []
     _write_marker(real, kind, [*old, *new])  # first: a kill part-way leaves every entry accounted for
     with writing(real):  # entries go in one by one: INCOMPLETE until the last one is in

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import errno
+import json
 import os
 import signal
 import stat
@@ -29,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from interp import io
-from interp.errors import ResourceError
+from interp.errors import DataError, ResourceError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_cli_hostile import intercept_work, run_cli  # noqa: E402  (the CLI table's own harness)
@@ -442,7 +443,8 @@ def test_a_sigkilled_export_leaves_a_partial_folder_that_the_next_run_removes(tm
     child.send_signal(signal.SIGKILL)
     child.wait()
     child.stdout.close()
-    assert partial.is_dir() and partial.parent == tmp_path and not (tmp_path / "out").exists()
+    assert partial.is_dir() and partial.parent.parent == tmp_path and not (tmp_path / "out").exists()
+    assert io.is_temporary(partial.parent)  # the output being built sits in a temporary that holds the token
     with io.staged_folder(tmp_path / "out", "quantized") as tmp:
         io.write_bytes(tmp / "w.bin", b"whole")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -603,3 +605,250 @@ def test_the_write_guard_catches_each_spelling():
     assert [v.split(" ", 1)[1] for v in write_violations(source, "x.py")] == [
         ".to_csv()", ".write_html()", "save_file()", ".save_pretrained()", ".write_text()", "torch.save",
         "sqlite3.connect", "open(..., 'w')", "open(..., 'w')", "open(..., 'w')", "shutil.copy"]
+
+
+# ---------------------------------------------------------------------------------------
+# Inside an output an entry is replaced, never written through (interp.io._entry)
+
+FILE_LINKS = ["results.json", "index.html"]
+FOLDER_LINKS = ["tables", "figures"]
+WRITES = ["json", "html", "table", "figures", "staged", "files"]
+
+
+def write_op(out: Path, op: str) -> None:
+    if op == "json":
+        io.write_json(out / "results.json", {"run": 2})
+    elif op == "html":
+        io.write_text(out / "index.html", "<p>run 2</p>")
+    elif op == "table":
+        io.write_bytes(out / "tables" / "a.csv", b"run,2\n")
+    elif op == "figures":
+        io.write_many([out / "figures" / "a.png", out / "figures" / "b.svg"],
+                      lambda tmps: [p.write_bytes(b"run 2") for p in tmps])
+    elif op == "staged":
+        with io.staged_folder(out, "report") as tmp:
+            io.write_json(tmp / "results.json", {"run": 2})
+            io.write_bytes(tmp / "tables" / "a.csv", b"run,2\n")
+    else:
+        with io.staged_files(out) as tmp:
+            (tmp / "index.html").write_text("<p>run 2</p>")
+
+
+def links_written_through(top: Path, links: list[str], ops: list[str]) -> list[str]:
+    """What goes wrong when an earlier ``report`` output holds ``links`` out of it and ``ops`` write it again:
+    files outside the output that changed, and file links that are still links after being written."""
+    outside = top / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "victim").write_text("the user's file")
+    (outside / "dir" / "a.csv").write_text("the user's table")
+    out = io.claim_folder(top / "out", "report")
+    for name in links:
+        (out / name).symlink_to(outside / "victim" if name in FILE_LINKS else outside / "dir")
+    before = snapshot(outside)
+    for op in ops:
+        try:
+            write_op(out, op)
+        except ResourceError as exc:  # a refusal is allowed (a folder link on the way), a write through is not
+            assert "symbolic link" in str(exc) and "\n" not in str(exc)
+    problems = [f"outside: {p}" for p in unchanged(before, snapshot(outside))]
+    written = {"json": ["results.json"], "html": ["index.html"], "staged": ["results.json"], "files": ["index.html"]}
+    for name in {n for op in ops for n in written.get(op, [])} & set(links):
+        if (out / name).is_symlink():
+            problems.append(f"still a link: {name}")
+    return problems
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(links=st.lists(st.sampled_from(FILE_LINKS + FOLDER_LINKS), unique=True, min_size=1),
+       ops=st.lists(st.sampled_from(WRITES), min_size=1, max_size=4))
+def test_nothing_is_written_through_a_link_inside_an_earlier_output(links, ops):
+    with tempfile.TemporaryDirectory() as top:
+        assert links_written_through(Path(top), links, ops) == []
+
+
+def test_a_link_named_like_an_output_file_is_replaced_and_its_target_kept(tmp_path):
+    """The case from the issue: ``results.json -> /outside/victim`` in an earlier output; the rerun leaves the
+    victim as it was and puts a regular file in the link's place."""
+    assert links_written_through(tmp_path, ["results.json"], ["json"]) == []
+    assert (tmp_path / "outside" / "victim").read_text() == "the user's file"
+    assert not (tmp_path / "out" / "results.json").is_symlink()
+    assert json.loads((tmp_path / "out" / "results.json").read_text()) == {"run": 2}
+
+
+def test_a_link_is_written_through_when_every_path_is_resolved(tmp_path, monkeypatch):
+    """The mutation check: with :func:`interp.io._entry` resolving the whole path (the rule before this change),
+    the property above finds the victim overwritten."""
+
+    def resolve_all(path):
+        target = io.resolve(path)
+        io._make_dirs(target.parent)
+        return target
+
+    monkeypatch.setattr(io, "_entry", resolve_all)
+    assert links_written_through(tmp_path, ["results.json"], ["json"]) == ["outside: victim", "still a link: results.json"]
+
+
+# ---------------------------------------------------------------------------------------
+# A full disk inside a library is one ResourceError (interp.io.fs_cause)
+
+SAFETENSORS_FULL = ('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left '
+                    'on device" })')
+
+
+def library_failures() -> list[tuple[str, BaseException, str]]:
+    import sqlite3
+
+    from safetensors import SafetensorError
+
+    return [("safetensors", SafetensorError(SAFETENSORS_FULL), "disk is full"),
+            ("pyarrow", OSError("Failed to write: No space left on device"), "disk is full"),
+            ("sqlite", sqlite3.OperationalError("database or disk is full"), "disk is full"),
+            ("tokenizers", Exception("Read-only file system (os error 30)"), "read-only"),
+            ("wrapped", RuntimeError("save failed"), "quota")]
+
+
+def raise_(exc: BaseException):
+    def produce(*_):
+        if str(exc) == "save failed":  # raised from a quota error, as libraries chain them
+            raise exc from OSError(errno.EDQUOT, "Disk quota exceeded")
+        raise exc
+    return produce
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_a_full_disk_inside_any_library_is_one_resource_error(tmp_path, case):
+    name, exc, words = library_failures()[case]
+    with pytest.raises(ResourceError, match=rf"Could not write .*w\.bin: .*{words}") as caught:
+        io.write_file(tmp_path / "w.bin", raise_(exc))
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ResourceError, match=words), io.staged_folder(tmp_path / "out", "quantized") as tmp:
+        raise_(exc)(tmp)
+    with pytest.raises(ResourceError, match=words), io.staged_files(tmp_path / "files") as tmp:
+        raise_(exc)(tmp)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["files"]  # no temporary left, no output installed
+    assert list((tmp_path / "files").iterdir()) == []
+
+
+def test_a_library_error_stays_raw_when_only_oserror_is_read(tmp_path, monkeypatch):
+    """The mutation check: with :func:`interp.io.fs_cause` reading only an ``OSError``'s errno (the rule before
+    this change), safetensors' own error type escapes as a raw error."""
+    from safetensors import SafetensorError
+
+    monkeypatch.setattr(io, "fs_cause", lambda exc: exc.errno if isinstance(exc, OSError) else None)
+    with pytest.raises(SafetensorError):
+        io.write_file(tmp_path / "w.bin", raise_(SafetensorError(SAFETENSORS_FULL)))
+
+
+def test_another_library_error_is_not_reinterpreted(tmp_path):
+    with pytest.raises(ValueError, match="bad tensor"):
+        io.write_file(tmp_path / "w.bin", raise_(ValueError("bad tensor")))
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------
+# Whole or visibly incomplete after a kill at any point (interp.io.writing)
+
+OUTPUT_FILES = ["results.json", "index.html", "tables/a.csv"]
+
+KILL_AT = """
+import contextlib, os, signal, sys
+from pathlib import Path
+from interp import io
+out, how, kill_at, mutate, run = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5]
+steps = []
+
+def counted(name, fn):
+    def step(*args, **kwargs):
+        steps.append(name)
+        if len(steps) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fn(*args, **kwargs)
+    return step
+
+for name in ("open", "write", "mkdir", "replace", "rename", "unlink", "rmdir", "fsync"):
+    setattr(os, name, counted(name, getattr(os, name)))
+if mutate:  # the one place switched off: writing() marks nothing
+    io.writing = contextlib.contextmanager(lambda folder: (yield Path(folder)))
+files = sys.argv[6].split(",")
+if how == "in place":
+    with io.writing(out):
+        for name in files:
+            io.write_text(Path(out) / name, run)
+else:
+    with io.staged_folder(out, "report") as tmp:
+        for name in files:
+            io.write_text(tmp / name, run)
+print(" ".join(steps))
+"""
+
+
+def write_killed(out: Path, how: str, kill_at: int, run: str, mutate: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", KILL_AT, str(out), how, str(kill_at), str(int(mutate)), run,
+                           ",".join(OUTPUT_FILES)], capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+def earlier_output(top: Path) -> Path:
+    out = io.claim_folder(top / "out", "report")
+    for name in OUTPUT_FILES:
+        io.write_text(out / name, "run 1")
+    (top / "user.txt").write_text("the user's")
+    return out
+
+
+def whole_or_flagged(top: Path, out: Path) -> list[str]:
+    """The invariant after a kill: every file outside the output as it was, and the output either whole (all of
+    one run) or holding INCOMPLETE, which a reader refuses."""
+    problems = []
+    if (top / "user.txt").read_text() != "the user's":
+        problems.append("a file outside the output changed")
+    if io.is_complete(out):
+        runs = {(out / name).read_text() for name in OUTPUT_FILES}
+        if len(runs) != 1:
+            problems.append(f"no INCOMPLETE, but the files mix runs: {sorted(runs)}")
+    else:
+        with pytest.raises(DataError, match="incomplete"):
+            io.check_complete(out)
+    return problems
+
+
+def kill_points(how: str) -> int:
+    with tempfile.TemporaryDirectory() as top:
+        done = write_killed(earlier_output(Path(top)), how, 0, "run 2")
+        assert done.returncode == 0, done.stderr
+        return len(done.stdout.split())
+
+
+@pytest.fixture(scope="module")
+def n_steps() -> dict[str, int]:
+    return {how: kill_points(how) for how in ("in place", "staged")}
+
+
+@settings(max_examples=24, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
+                                                                                   HealthCheck.function_scoped_fixture])
+@given(how=st.sampled_from(["in place", "staged"]), where=st.floats(0, 1, exclude_max=True))
+def test_an_output_is_whole_or_says_it_is_incomplete_after_a_kill_at_any_point(n_steps, how, where):
+    kill_at = 1 + int(where * n_steps[how])  # one of the run's file-system steps
+    with tempfile.TemporaryDirectory() as top:
+        out = earlier_output(Path(top))
+        killed = write_killed(out, how, kill_at, "run 2")
+        assert killed.returncode == -signal.SIGKILL, (kill_at, killed.stderr)
+        assert whole_or_flagged(Path(top), out) == [], (how, kill_at)
+        rerun = write_killed(out, how, 0, "run 2")  # the rerun finishes it, and leaves no temporary
+        assert rerun.returncode == 0, rerun.stderr
+        assert io.is_complete(out) and {(out / n).read_text() for n in OUTPUT_FILES} == {"run 2"}
+        leftovers = [p for p in Path(top).rglob("*") if io.is_temporary(p)]
+        assert leftovers == []
+
+
+def test_a_kill_leaves_a_mixed_output_that_looks_whole_without_the_marker(n_steps):
+    """The mutation check: with :func:`interp.io.writing` marking nothing, a kill between two files leaves
+    an output that mixes two runs and looks complete."""
+    with tempfile.TemporaryDirectory() as top:
+        out = earlier_output(Path(top))
+        steps = write_killed(out, "in place", 0, "run 1", mutate=True).stdout.split()  # the steps of a run
+    second_file = [i for i, step in enumerate(steps) if step == "replace"][1]  # kill_at is 1-based: just before it
+    with tempfile.TemporaryDirectory() as top:
+        out = earlier_output(Path(top))
+        killed = write_killed(out, "in place", second_file, "run 2", mutate=True)
+        assert killed.returncode == -signal.SIGKILL
+        assert whole_or_flagged(Path(top), out) == ["no INCOMPLETE, but the files mix runs: ['run 1', 'run 2']"]
