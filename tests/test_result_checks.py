@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import pytest
 import torch
 
 import interp
-from interp.errors import ComponentError, DataError, NonFiniteError
+from interp.errors import ComponentError, DataError, InterpError, NonFiniteError
 from interp.localize.lens import early_exit
 from interp.runtime.readout import SATURATED_ULPS, refuse_saturated
 from interp.runtime.scoring import token_nll
@@ -133,3 +134,268 @@ def test_a_layer_selected_twice_is_refused(layers):
 def test_a_negative_layer_alone_is_the_layer_counted_from_the_end():
     model = interp.tiny_model("llama", n_layers=4)
     assert torch.equal(early_exit(model, _rows(), layers=[-1]).nll, early_exit(model, _rows(), layers=[3]).nll)
+
+
+# ---------------------------------------------------------------------------------------
+# Every numeric result is finite and meaningful, or refused (issue 45): one check, interp.results.check_result,
+# run by each result type's constructor
+
+
+def _valid_results() -> dict[str, Any]:
+    """A valid instance's fields for each checked result type, built by hand (no model): name -> (class, fields)."""
+    import numpy as np
+
+    from interp.localize.dla import LogitAttribution
+    from interp.localize.linear_probe import LinearProbeResult, RidgeProbe
+    from interp.localize.patterns import AttentionPatterns
+    from interp.localize.steering import SteeringResult
+    from interp.localize.top_tokens import TopTokens
+    from interp.quant.imatrix import ImportanceMatrix
+
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(2, 3, 10, generator=g, dtype=torch.float64), -1).topk(3, dim=-1)
+    return {
+        "steer": (SteeringResult, {"prompt_tokens": torch.tensor([256, 72]), "new_tokens": [1, 2],
+                                   "logits": torch.randn(2, 10, generator=g), "text": "ab",
+                                   "settings": {"alpha": 1.0}}),
+        "lens_top_tokens": (TopTokens, {"ids": probs.indices, "probs": probs.values.float(), "layers": [0, 1],
+                                        "labels": ["0:a", "1:b", "2:c"], "strings": [[["x"] * 3] * 3] * 2,
+                                        "settings": {"vocab": 10}}),
+        "dla": (LogitAttribution, {"heads": torch.randn(2, 2, 4, generator=g), "attn_bias": torch.zeros(2, 2),
+                                   "mlp": torch.randn(2, 2, generator=g), "embed": torch.randn(2, generator=g),
+                                   "pos_embed": torch.zeros(2), "final_bias": torch.zeros(2),
+                                   "logit": torch.randn(2, generator=g), "ids": ["a", "b"]}),
+        "linear_probe": (LinearProbeResult, {
+            "accuracy": torch.tensor([0.5, 0.75], dtype=torch.float64), "control_accuracy": torch.tensor([0.5, 0.5]),
+            "train_accuracy": torch.tensor([1.0, 1.0]), "majority": 0.5, "layers": [0, 1], "classes": [0, 1],
+            "probes": [RidgeProbe(torch.randn(4, 2, generator=g), torch.zeros(2))], "n_train": 6, "n_test": 2}),
+        "attention_view": (AttentionPatterns, {"pattern": torch.softmax(torch.randn(1, 2, 3, 3, generator=g), -1),
+                                               "layers": [0], "labels": ["0:a", "1:b", "2:c"]}),
+        "imatrix": (ImportanceMatrix, {"sums": {"blk.0.attn_q.weight": np.arange(4.0)},
+                                       "counts": {"blk.0.attn_q.weight": 8}, "chunk_size": 4}),
+    }
+
+
+def _float_slots(value: Any, path: tuple = ()) -> list[tuple]:
+    """Paths to every float tensor, array or float inside a field's value (into lists, dicts and dataclasses)."""
+    import numpy as np
+
+    if isinstance(value, torch.Tensor):
+        return [path] if value.is_floating_point() and value.numel() else []
+    if isinstance(value, np.ndarray):
+        return [path] if value.dtype.kind == "f" and value.size else []
+    if isinstance(value, float):
+        return [path]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [p for f in dataclasses.fields(value) for p in _float_slots(getattr(value, f.name), (*path, f.name))]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _float_slots(v, (*path, k))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _float_slots(v, (*path, i))]
+    return []
+
+
+def _poisoned(value: Any, path: tuple, poison: float, where: int) -> Any:
+    """A copy of ``value`` with one entry at ``path`` (the ``where``-th element of a tensor or array) replaced."""
+    import copy
+
+    import numpy as np
+
+    if not path:
+        if isinstance(value, torch.Tensor):
+            out = value.clone()
+            out.view(-1)[where % out.numel()] = poison
+            return out
+        if isinstance(value, np.ndarray):
+            out = value.copy()
+            out.reshape(-1)[where % out.size] = poison
+            return out
+        return poison
+    head, rest = path[0], path[1:]
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(value, **{head: _poisoned(getattr(value, head), rest, poison, where)})
+    out = copy.copy(value)
+    out[head] = _poisoned(value[head], rest, poison, where)
+    return out
+
+
+def assert_result_refused(cls: type, fields: dict[str, Any], fragment: str) -> None:
+    """The property's inner check: making the result raises NonFiniteError naming ``fragment``."""
+    with pytest.raises(NonFiniteError, match=fragment):
+        cls(**fields)
+
+
+RESULT_NAMES = ("steer", "lens_top_tokens", "dla", "linear_probe", "attention_view", "imatrix")
+
+
+def test_every_checked_result_type_accepts_its_valid_fields():
+    for name, (cls, fields) in _valid_results().items():
+        assert cls(**fields) is not None, name
+        assert _float_slots(fields), name  # there is something to poison
+
+
+@pytest.mark.parametrize("name", RESULT_NAMES)
+def test_property_nan_or_inf_anywhere_in_a_result_is_refused(name):
+    """Property: one NaN, inf or -inf put anywhere in any float field of the result (any tensor element, any
+    float of a list, dict or nested dataclass) makes its constructor raise NonFiniteError naming the field."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    cls, fields = _valid_results()[name]
+    slots = [(key, path) for key, value in fields.items() for path in _float_slots(value)]
+
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(slot=st.sampled_from(slots), poison=st.sampled_from([math.nan, math.inf, -math.inf]),
+           where=st.integers(0, 1000))
+    def prop(slot, poison, where):
+        key, path = slot
+        bad = {**fields, key: _poisoned(fields[key], path, poison, where)}
+        assert_result_refused(cls, bad, f"{cls.__name__}.{key} holds NaN or inf")
+
+    prop()
+
+
+def test_constant_logits_where_a_ranking_is_read_are_refused():
+    results = _valid_results()
+    cls, fields = results["steer"]
+    flat = fields["logits"].clone()
+    flat[1] = 3.0  # the second generated token was an argmax over equal logits
+    assert_result_refused(cls, {**fields, "logits": flat}, r"SteeringResult.logits has rows \[1\]")
+    cls, fields = results["lens_top_tokens"]
+    uniform = fields["probs"].clone()
+    uniform[1, 2] = 0.1  # 1 / vocab: the logits of that cell were all equal
+    assert_result_refused(cls, {**fields, "probs": uniform}, r"\(layer, position\) \[\(1, 2\)\] are uniform")
+    unknown = {**fields, "probs": uniform, "settings": {}}  # no vocabulary recorded: k equal probabilities say it
+    assert_result_refused(cls, unknown, "uniform")
+
+
+def test_with_the_one_place_switched_off_the_property_check_fails(monkeypatch):
+    """With interp.results.check_result a no-op, the property's inner check fails for every result type: the
+    refusals come from that one place."""
+    monkeypatch.setattr("interp.results.check_result", lambda *args, **kwargs: None)
+    for name, (cls, fields) in _valid_results().items():
+        key, path = next((k, p) for k, v in fields.items() for p in _float_slots(v))
+        bad = {**fields, key: _poisoned(fields[key], path, math.nan, 0)}
+        with pytest.raises(pytest.fail.Exception):
+            assert_result_refused(cls, bad, "NaN or inf")
+    from interp.results import check_values
+
+    assert check_values(torch.tensor([math.nan]), "v") is not None  # the bare-tensor path shares the one place
+
+
+def _nan_model() -> Any:
+    model = interp.tiny_model("llama", seed=4)
+    with torch.no_grad():
+        model.original_model.model.layers[0].mlp.down_proj.weight[0, 0] = math.nan
+    return model
+
+
+def test_the_public_functions_refuse_nan_and_equal_logits(scaled, tmp_path):
+    """End to end: each function of the issue, on a model with a NaN weight or a saturated one, raises an
+    InterpError (NonFiniteError) instead of returning a result."""
+    from interp.quant.imatrix import importance_matrix
+
+    nan = _nan_model()
+    prompts = [f"{w} {i}" for i in range(4) for w in ("cat", "dog")]
+    with pytest.raises(NonFiniteError, match="SteeringResult.logits has rows"):
+        interp.steer(scaled, "I feel", torch.zeros(64), layer=1, max_new_tokens=2)
+    with pytest.raises(NonFiniteError, match="steering vector holds NaN"):
+        interp.steering_vector(nan, "happy", "sad", layer=1)
+    with pytest.raises(NonFiniteError, match="uniform"):
+        interp.lens_top_tokens(scaled, "hello", k=3)
+    with pytest.raises(NonFiniteError):
+        interp.dla(nan, ["When Mary and John", "When John and Mary"], "M", "J")
+    with pytest.raises(NonFiniteError, match="LinearProbeResult"):
+        interp.linear_probe(nan, prompts, [p[:3] for p in prompts], layers=[1])
+    with pytest.raises(NonFiniteError, match="AttentionPatterns: query rows"):  # NaN scores came back as zeros
+        interp.attention_view(nan, "abc", layers=[1])
+    with pytest.raises(NonFiniteError, match="ImportanceMatrix.sums holds NaN"):
+        importance_matrix(nan, _rows(2, 8), progress=False)
+
+
+def test_an_imatrix_sum_beyond_float32_is_refused_before_it_is_written(tmp_path):
+    import numpy as np
+
+    from interp.quant.imatrix import ImportanceMatrix, write_imatrix
+
+    matrix = ImportanceMatrix({"blk.0.attn_q.weight": np.array([1.0, 1e39])}, {"blk.0.attn_q.weight": 8}, 4)
+    with pytest.raises(NonFiniteError, match="float32"):
+        write_imatrix(matrix, tmp_path / "m.gguf")
+    assert not (tmp_path / "m.gguf").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# Degenerate questions: a clear error before any model runs
+
+
+@pytest.fixture
+def no_forward():
+    """A tiny model whose forward raises: a question refused before any model runs never reaches it."""
+    model = interp.tiny_model("llama", seed=5)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model ran")
+
+    handles = [m.register_forward_pre_hook(refuse) for m in model.original_model.modules()
+               if isinstance(m, torch.nn.Embedding)]  # every forward starts at the token embedding
+    with pytest.raises(AssertionError, match="the model ran"):
+        interp.nll(model, _rows(1, 4))  # the guard works
+    yield model
+    for handle in handles:
+        handle.remove()
+
+
+def test_answer_equal_to_wrong_is_refused_before_the_model_runs(no_forward):
+    from interp.localize.patching import LogitDiffMetric
+
+    prompts = ["When Mary and John", "When John and Mary"]
+    for call in (lambda: interp.dla(no_forward, prompts, "M", ["J", "M"]),
+                 lambda: interp.eap(no_forward, prompts[0], prompts[1], "M", "M"),
+                 lambda: interp.path_patch(no_forward, prompts[0], prompts[1], "M", "M", senders=["head 1.0"]),
+                 lambda: interp.patch_heatmap(no_forward, prompts[0], prompts[1], "M", "M"),
+                 lambda: interp.ablate(no_forward, prompts, "z", "zero", answer="M", wrong="M"),
+                 lambda: LogitDiffMetric([5, 6], [5, 7])):
+        with pytest.raises(DataError, match="same token"):
+            call()
+
+
+def test_a_resample_that_can_only_draw_the_row_itself_is_refused(no_forward):
+    with pytest.raises(DataError, match="can only draw the prompt itself"):
+        interp.ablate(no_forward, ["a", "a much longer prompt"], "z", "resample", layers=[0])
+
+
+@pytest.mark.parametrize("labels, test_fraction, fragment", [
+    ([0.1, 0.7, 0.3, 0.9], 0.25, "is a float"),
+    (torch.tensor([0.0, 1.0, 0.0, 1.0]), 0.25, "float32 values"),
+    ([1, 1, 1, 1], 0.25, "two distinct labels"),
+    ([0, 1, 0, 1], 0.9, "Too few prompts to hold some out"),
+])
+def test_a_probe_question_without_an_answer_is_refused_before_the_model_runs(no_forward, labels, test_fraction,
+                                                                             fragment):
+    with pytest.raises(DataError, match=fragment):
+        interp.linear_probe(no_forward, ["ab", "cd", "ef", "gh"], labels, test_fraction=test_fraction)
+
+
+def test_a_steering_vector_of_one_prompt_against_itself_is_refused(no_forward):
+    with pytest.raises(InterpError, match="same tokens"):
+        interp.steering_vector(no_forward, "happy", "happy", layer=0)
+
+
+def test_a_tuned_lens_of_another_model_is_refused(tmp_path):
+    from interp.localize.tuned_lens import TunedLens, fit_tuned_lens, tuned_early_exit
+
+    model = interp.tiny_model("llama", seed=0)
+    rows = _rows(12, 16)
+    lens = fit_tuned_lens(model, rows, progress=False)
+    lens.save(tmp_path / "lens.safetensors")
+    back = TunedLens.load(tmp_path / "lens.safetensors")
+    interp.lens_top_tokens(model, "hi", k=2, lens=back)  # its own model: fine
+    quantized = interp.quantize(model, "rtn:bits=4,group=32", progress=False)
+    interp.lens_top_tokens(quantized, "hi", k=2, lens=back)  # a quantized copy reads its reference's lens
+    for other, fragment in ((interp.tiny_model("llama", seed=1), "embedding"),
+                            (interp.tiny_model("llama", n_layers=3), "n_layers"),
+                            (interp.tiny_model("gpt2"), "fitted on another model")):
+        with pytest.raises(InterpError, match=fragment):
+            interp.lens_top_tokens(other, "hi", k=2, lens=back)
+        with pytest.raises(InterpError, match="fitted on another model"):
+            tuned_early_exit(other, back, _rows(2, 8))

@@ -29,7 +29,8 @@ from interp.localize.heatmaps import PatchHeatmap
 from interp.localize.linear_probe import LinearProbeResult
 from interp.localize.patterns import AttentionPatterns, attention_patterns
 from interp.localize.top_tokens import TopTokens
-from interp.validate import checked
+from interp.results import check_result
+from interp.validate import checked, indices
 
 
 @checked
@@ -59,10 +60,12 @@ def attention_view(model_or_patterns: Any, prompt: Any = None, *, layers: Sequen
         raise InterpError("attention_view needs a prompt with a model: interp.attention_view(model, 'your prompt').")
     else:
         patterns = attention_patterns(model_or_patterns, prompt, layers)
+    check_result(patterns)  # patterns a caller changed after they were made are checked again (interp.results)
     rows = [i for i, layer in enumerate(patterns.layers) if layers is None or layer in set(layers)]
     if not rows:
         raise InterpError(f"None of layers {list(layers or [])} was captured; these were: {patterns.layers}.")
-    picked = list(range(patterns.pattern.shape[1])) if heads is None else list(heads)
+    n_heads = patterns.pattern.shape[1]
+    picked = list(range(n_heads)) if heads is None else [int(h) for h in indices(heads, "heads", n_heads, "heads")]
     labels = patterns.labels
     fig = go.Figure()
     names = []

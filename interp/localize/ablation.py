@@ -47,6 +47,7 @@ from interp.errors import ComponentError, DataError, InterpError
 from interp.localize.patching.patches import PATCHABLE
 from interp.localize.prompts import Answers, Prompts, answer_ids, as_examples
 from interp.models import Model, model_name
+from interp.results import distinct_answers
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of
 from interp.runtime.readout import Readout
@@ -170,7 +171,11 @@ def _resample_rows(lengths: Tensor, reference_lengths: Tensor, seed: int, ids: S
     rows = []
     for i, length in enumerate(lengths.tolist()):
         fits = reference_lengths >= length
-        if itself and int(fits.sum()) > 1:
+        if itself and bool(fits[i]) and int(fits.sum()) == 1:  # it could only draw its own activation: no ablation
+            raise DataError(f"Resample ablation of prompt {ids[i]!r} ({length} tokens) can only draw the prompt itself "
+                            "(no other prompt is as long), so nothing would be ablated. Pass more prompts of at "
+                            "least that length, or a reference= set of them.")
+        if itself:
             fits[i] = False
         eligible = fits.nonzero().flatten()
         if len(eligible) == 0:
@@ -278,6 +283,8 @@ def ablate(
     ref = examples if reference is None else as_examples(model, reference, "reference")
     answers = None if answer is None else answer_ids(model, answer, len(examples), "answer")
     wrongs = None if wrong is None else answer_ids(model, wrong, len(examples), "wrong")
+    if answers is not None and wrongs is not None:
+        distinct_answers(answers, wrongs, examples.ids)
     keys = [(component, layer) for layer in chosen]
     means = _mean(model, ref, keys, batch_size) if how == "mean" else {}
     rows = None

@@ -60,6 +60,7 @@ from interp.data import Examples, aligned_rows, real_lengths
 from interp.display import ResultDisplay
 from interp.errors import DataError, InterpError
 from interp.models import Model, model_name
+from interp.results import CheckedResult, distinct_answers
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_examples, device_of, show_progress
 
@@ -67,7 +68,7 @@ TokenChoice = int | Sequence[int] | Tensor
 
 
 @dataclass(frozen=True)
-class LogitAttribution(ResultDisplay):
+class LogitAttribution(CheckedResult, ResultDisplay):
     """Direct logit attribution per example (see the module docstring for the decomposition).
 
     Attributes:
@@ -93,6 +94,7 @@ class LogitAttribution(ResultDisplay):
     settings: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # finite, or refused (interp.results.check_result)
         n = len(self.ids)
         if self.heads.ndim != 3 or self.heads.shape[0] != n or self.mlp.shape != self.heads.shape[:2]:
             raise InterpError(f"LogitAttribution: heads {tuple(self.heads.shape)} and mlp {tuple(self.mlp.shape)} "
@@ -207,6 +209,8 @@ def _checked(model: Model, examples: Examples, target: TokenChoice, versus: Toke
     for name, column in (("target", targets), ("versus", others)):
         if column is not None and bool(((column < 0) | (column >= vocab)).any()):
             raise DataError(f"{name}= token ids must lie in 0..{vocab - 1}.")
+    if others is not None:  # logit(t) - logit(t) is 0 whatever the model computes: refused before it runs
+        distinct_answers(targets, others, examples.ids)
     lengths = real_lengths(examples)
     pos = _positions(positions, n)
     rows = torch.where(pos < 0, lengths + pos, pos)

@@ -40,6 +40,7 @@ from interp.display import ResultDisplay
 from interp.errors import ComponentError, DataError
 from interp.localize.prompts import Prompts, as_examples
 from interp.models import Model, model_name
+from interp.results import CheckedResult
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of
 from interp.runtime.capture import capture
@@ -85,7 +86,7 @@ def fit_probe(x: Tensor, y: Tensor, n_classes: int, ridge: float = DEFAULT_RIDGE
 
 
 @dataclass(frozen=True)
-class LinearProbeResult(ResultDisplay):
+class LinearProbeResult(CheckedResult, ResultDisplay):
     """Held-out accuracy of a linear probe per layer, against its control task.
 
     Attributes:
@@ -94,6 +95,8 @@ class LinearProbeResult(ResultDisplay):
         layers: the layers probed.
         classes: the labels, in the order of the probes' columns.
         probes: one :class:`RidgeProbe` per layer (the task's, not the control's).
+
+    Made only finite (an accuracy over no held-out row is NaN, and refused): see :mod:`interp.results`.
     """
 
     accuracy: Tensor
@@ -156,6 +159,32 @@ def _features(model: Model, prompts: Prompts, labels: Any, component: str, layer
             for layer in layers:
                 feats[layer].append(store[(component, layer)].cpu()[index, rows[start:end]].flatten(1).float())
     return {layer: torch.cat(x) for layer, x in feats.items()}, kept_labels, torch.cat(types), torch.cat(owner)
+
+
+def _check_question(labels: Any, test_fraction: float) -> None:
+    """Refuse a probing question with no answer before the model runs: float labels taken as classes, fewer than
+    two classes, or too few prompts to hold any out."""
+    if isinstance(labels, Tensor):
+        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool and labels.ndim == 2:
+            raise DataError(f"labels are classes, but this tensor holds {labels.dtype} values: pass integer class "
+                            "ids (-1 where a token has no label); a continuous target needs a regression.")
+        values = [v for v in labels.flatten().tolist() if labels.ndim == 1 or v >= 0]
+        n = int(labels.shape[0])
+    else:
+        values, n = list(labels), len(labels)
+    floats = [v for v in values if isinstance(v, float) or type(v).__name__.startswith("float")]
+    if floats:
+        raise DataError(f"labels are classes, but {floats[0]!r} is a float, so every distinct value would be a class of "
+                        "its own: pass ints, strings or bools (bin a continuous value first).")
+    if any(not isinstance(v, Hashable) for v in values):
+        bad = next(v for v in values if not isinstance(v, Hashable))
+        raise DataError(f"labels must be hashable class names (ints, strings, bools); got {type(bad).__name__}.")
+    if len(set(values)) < 2:
+        raise DataError(f"A probe needs at least two distinct labels; got {sorted(set(values), key=str)}.")
+    held = max(1, round(test_fraction * n))
+    if held >= n:
+        raise DataError(f"Too few prompts to hold some out: {n} prompt(s) with test_fraction={test_fraction} hold out "
+                        f"{held}, leaving none to train on. Pass more prompts or a smaller test_fraction.")
 
 
 def _control_labels(types: Tensor, y: Tensor, train: Tensor, n_classes: int, seed: int) -> Tensor:
@@ -221,6 +250,7 @@ def linear_probe(
     if not 0 < test_fraction < 1:
         raise DataError(f"test_fraction must lie strictly between 0 and 1; got {test_fraction!r}.")
     chosen = hk.check_layers(model, layers)
+    _check_question(labels, test_fraction)
     feats, raw, types, owner = _features(model, prompts, labels, component, chosen, position, batch_size)
     classes = sorted(set(raw), key=str)
     if len(classes) < 2:

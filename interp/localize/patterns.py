@@ -30,14 +30,15 @@ from torch import Tensor
 from interp.display import ResultDisplay
 from interp.localize.prompts import Prompts, one_prompt, token_labels
 from interp.models import Model, model_name
+from interp.results import CheckedResult
 from interp.runtime import hooks as hk
 from interp.runtime.batching import device_of
 from interp.runtime.capture import capture
 
 
 @dataclass(frozen=True)
-class AttentionPatterns(ResultDisplay):
-    """Attention patterns of one prompt.
+class AttentionPatterns(CheckedResult, ResultDisplay):
+    """Attention patterns of one prompt (made only finite: :mod:`interp.results`).
 
     Attributes:
         pattern: ``[layers, heads, query, key]`` attention probabilities.
@@ -57,6 +58,21 @@ class AttentionPatterns(ResultDisplay):
         return pd.DataFrame([{"layer": layer, "head": h, "last token attends to": self.labels[int(best[i, h])],
                               "weight": float(last[i, h, best[i, h]])}
                              for i, layer in enumerate(self.layers) for h in range(self.pattern.shape[1])])
+
+    def meaningless(self) -> str | None:
+        """Query rows that are not a distribution over keys (one prompt has no padded query, so each sums to 1)."""
+        from interp.attention.metrics import row_sum_tolerance
+
+        if self.pattern.ndim != 4 or self.pattern.numel() == 0:
+            return None
+        sums = self.pattern.double().sum(-1)
+        bad = ((sums - 1).abs() > row_sum_tolerance(self.pattern)) | bool((self.pattern < 0).any())
+        if not bool(bad.any()):
+            return None
+        layer, head, query = (int(i) for i in bad.nonzero()[0].tolist())
+        return (f"query rows of the attention pattern do not sum to 1 (layer {self.layers[layer]}, head {head}, "
+                f"query {query} sums to {float(sums[layer, head, query]):.6g}): the attention scores were NaN or "
+                "masked out, so the pattern is not an attention distribution.")
 
 
 def attention_patterns(model: Model, prompt: Prompts, layers: Sequence[int] | None = None) -> AttentionPatterns:

@@ -46,6 +46,7 @@ from interp.display import ResultDisplay
 from interp.errors import InterpError
 from interp.localize.prompts import Prompts, one_prompt
 from interp.models import Model, model_name
+from interp.results import CheckedResult, check_values
 from interp.runtime import hooks as hk
 from interp.runtime.batching import check_context, device_of
 from interp.runtime.capture import capture
@@ -53,7 +54,7 @@ from interp.validate import checked, count
 
 
 @dataclass(frozen=True)
-class SteeringResult(ResultDisplay):
+class SteeringResult(CheckedResult, ResultDisplay):
     """A greedy generation with a steering vector added.
 
     Attributes:
@@ -62,7 +63,12 @@ class SteeringResult(ResultDisplay):
         logits: ``[new, vocab]`` the logits each generated token was chosen from.
         text: the generated text.
         settings: layer, alpha, the vector's norm, whether the KV cache was used.
+
+    Made only finite, with no logit row of equal values (each token was chosen by argmax): see
+    :mod:`interp.results`.
     """
+
+    ranked = ("logits",)
 
     prompt_tokens: Tensor
     new_tokens: list[int]
@@ -185,10 +191,14 @@ def steering_vector(model: Model, positive: Prompts, negative: Prompts, layer: i
         (64,)
     """
     (chosen,) = hk.check_layers(model, [layer])
+    pair = [one_prompt(model, prompt) for prompt in (positive, negative)]
+    if torch.equal(pair[0], pair[1]):  # a degenerate question, refused before the model runs
+        raise InterpError("positive and negative are the same tokens, so the steering vector would be zero: "
+                          "pass two prompts that differ in what the vector should add.")
     ends = []
-    for prompt in (positive, negative):
-        tokens = one_prompt(model, prompt).to(device_of(model))
+    for tokens in pair:
+        tokens = tokens.to(device_of(model))
         with torch.no_grad():
             store, _ = capture(model, tokens[None], [("resid_pre", chosen)])
         ends.append(store[("resid_pre", chosen)][0, -1].cpu())
-    return ends[0] - ends[1]
+    return check_values(ends[0] - ends[1], "The steering vector")  # a finite vector, or refused (interp.results)

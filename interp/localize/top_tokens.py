@@ -32,6 +32,7 @@ from interp.errors import InterpError
 from interp.localize.prompts import Prompts, one_prompt, token_labels, token_strings
 from interp.localize.tuned_lens import TunedLens
 from interp.models import Model, model_name
+from interp.results import CheckedResult
 from interp.runtime import hooks as hk
 from interp.runtime.batching import device_of
 from interp.runtime.capture import capture
@@ -40,7 +41,7 @@ from interp.validate import checked, count
 
 
 @dataclass(frozen=True)
-class TopTokens(ResultDisplay):
+class TopTokens(CheckedResult, ResultDisplay):
     """The ``k`` most probable next tokens decoded at each layer and position of one prompt.
 
     Attributes:
@@ -50,6 +51,9 @@ class TopTokens(ResultDisplay):
         labels: ``"position:token"`` of the prompt, one per position.
         strings: ``[layers][positions][k]`` the decoded tokens.
         lens: ``"logit"`` or ``"tuned"``.
+
+    Made only finite, and with no cell whose top token is no more probable than ``1 / vocab``
+    (``settings["vocab"]``): its logits were all equal, so the ranking is arbitrary (:mod:`interp.results`).
     """
 
     ids: Int64[Tensor, "layers positions k"]
@@ -72,6 +76,23 @@ class TopTokens(ResultDisplay):
                 for i, layer in enumerate(self.layers) for p in range(len(self.labels))
                 for r in range(self.ids.shape[2])]
         return pd.DataFrame(rows)
+
+    def meaningless(self) -> str | None:
+        """Cells whose ranking is arbitrary: a top probability of ``1 / vocab`` (to 8 float32 ulps), or k equal."""
+        if self.probs.ndim != 3 or self.probs.numel() == 0:
+            return None
+        vocab = self.settings.get("vocab")
+        top = self.probs[..., 0].double()
+        if isinstance(vocab, int) and vocab > 1:
+            flat = top * vocab <= 1 + 8 * 2.0**-24
+        else:
+            flat = (self.probs.amax(-1) == self.probs.amin(-1)) if self.probs.shape[-1] > 1 else top != top
+        if not bool(flat.any()):
+            return None
+        cells = [(self.layers[i] if i < len(self.layers) else i, p) for i, p in flat.nonzero().tolist()][:6]
+        return (f"the predictions at (layer, position) {cells} are uniform over the vocabulary: the logits were "
+                "all equal, so no token ranks first. The model's final norm or head returns constants (its "
+                "weights overflow or are zero).")
 
 
 @checked
@@ -110,6 +131,7 @@ def lens_top_tokens(
         raise InterpError(f"k must be at most the vocabulary ({readout.vocab}); got {k}.")
     chosen = hk.check_layers(model, layers)
     if lens is not None:
+        lens.check_fits(model)  # a lens fitted on another model is refused before the model runs
         missing = sorted(set(chosen) - set(lens.layers))
         if missing:
             raise InterpError(f"This tuned lens has no translator for layers {missing}; fit it on this model "
@@ -131,4 +153,4 @@ def lens_top_tokens(
     strings = [[token_strings(model, cell) for cell in row] for row in id_grid]
     return TopTokens(ids=id_grid, probs=torch.stack(probs), layers=chosen, labels=token_labels(model, tokens),
                      strings=strings, lens="logit" if lens is None else "tuned",
-                     settings={"model": model_name(model), "k": k})
+                     settings={"model": model_name(model), "k": k, "vocab": readout.vocab})

@@ -41,7 +41,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from interp.data import Examples, aligned_rows, counted_positions
-from interp.errors import InterpError
+from interp.errors import DataError, InterpError
 from interp.io import read_safetensors, write_file
 from interp.localize.lens import EarlyExitResult
 from interp.models import Model, model_hash, model_name
@@ -49,6 +49,7 @@ from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, check_context, show_progress
 from interp.runtime.capture import capture as capture_residuals
 from interp.runtime.readout import Readout
+from interp.schema import conform
 
 RIDGE = 1e-4  # lam relative to mean diagonal of the input Gram matrix: a tiny stabiliser only
 
@@ -72,6 +73,32 @@ class TunedLens:
     def translate(self, index: int, resid: torch.Tensor) -> torch.Tensor:
         return resid @ self.weight[index].to(resid.dtype) + self.bias[index].to(resid.dtype)
 
+    def check_fits(self, model: Model) -> None:
+        """Refuse reading ``model`` with a lens fitted on another model: its translators' shapes, its layers and the
+        fingerprint it recorded (:func:`lens_fingerprint`) must be this model's.
+
+        Raises:
+            InterpError: naming what differs, before the model runs.
+        """
+        d, n_layers = int(model.cfg.d_model), hk.n_layers(model)
+        shape = tuple(self.weight.shape)
+        fitting = len(shape) == 3 and shape[1:] == (d, d) and tuple(self.bias.shape) == (shape[0], d)
+        if not fitting or len(self.layers) != shape[0]:
+            raise InterpError(f"This tuned lens's translators are {list(shape)} for layers {self.layers}, but the "
+                              f"model needs [layers, {d}, {d}]: it was fitted on another model. Fit one on this model "
+                              "(interp.localize.tuned_lens.fit_tuned_lens).")
+        if self.layers and max(self.layers) >= n_layers:
+            raise InterpError(f"This tuned lens has translators for layers up to {max(self.layers)}; the model has "
+                              f"{n_layers} layers: it was fitted on another model. Fit one on this model.")
+        saved = self.settings.get("fingerprint")
+        if isinstance(saved, dict):
+            now = lens_fingerprint(model)
+            differ = [key for key in now if key in saved and saved[key] != now[key]]
+            if differ:
+                shown = "; ".join(f"{key} {saved[key]!r} (this model: {now[key]!r})" for key in differ)
+                raise InterpError(f"This tuned lens was fitted on another model ({self.settings.get('model', '?')}): "
+                                  f"its {shown}. Fit one on this model (fit_tuned_lens).")
+
     def save(self, path: str | os.PathLike[str]) -> Path:
         path = Path(path)
         tensors = {"weight": self.weight.contiguous(), "bias": self.bias.contiguous()}
@@ -83,8 +110,41 @@ class TunedLens:
     def load(cls, path: str | os.PathLike[str]) -> TunedLens:
         tensors = read_safetensors(path, "tuned lens")  # a truncated cache gets interp's error, not safetensors'
         with safe_open(str(path), framework="pt") as fh:
-            meta = fh.metadata()
-        return cls(tensors["weight"], tensors["bias"], json.loads(meta["layers"]), json.loads(meta["settings"]))
+            meta = dict(fh.metadata() or {})
+        record: dict[str, Any] = {}
+        for key in ("layers", "settings"):
+            if key in meta:
+                try:
+                    record[key] = json.loads(meta[key])
+                except ValueError:
+                    record[key] = meta[key]  # not JSON: the schema names it
+        record = conform(record, {"layers": "list[int]", "settings": "dict"}, f"{path} (a tuned lens's metadata)")
+        weight, bias, layers = tensors.get("weight"), tensors.get("bias"), record["layers"]
+        if (weight is None or bias is None or not weight.is_floating_point() or weight.ndim != 3
+                or weight.shape[1] != weight.shape[2] or tuple(bias.shape) != (weight.shape[0], weight.shape[1])
+                or len(layers) != weight.shape[0] or len(set(layers)) != len(layers) or min(layers, default=0) < 0):
+            shapes = {k: list(v.shape) for k, v in tensors.items()}
+            raise DataError(f"{path} is not a tuned lens: it needs weight [layers, d, d] and bias [layers, d] and one "
+                            f"distinct layer per translator; it holds {shapes} for layers {layers}.")
+        if not (bool(weight.isfinite().all()) and bool(bias.isfinite().all())):
+            raise DataError(f"{path} holds NaN or inf translators: fit the tuned lens again.")
+        return cls(weight, bias, layers, record["settings"])
+
+
+def lens_fingerprint(model: Model) -> dict[str, Any]:
+    """What a tuned lens records of the model it was fitted on, and :meth:`TunedLens.check_fits` compares: the
+    architecture, the sizes, and a digest of every 1/256th row of the token embedding (quantization leaves the
+    embedding alone, so a quantized copy, read with its reference's lens by convention, fits that lens).
+    """
+    info = getattr(model, "info", None)
+    embedding = model.original_model.get_input_embeddings().weight
+    digest = ""
+    if not embedding.is_meta:
+        rows = embedding.detach()[:: max(1, embedding.shape[0] // 256)].float().cpu().contiguous()
+        digest = hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
+    return {"architecture": getattr(info, "architecture", type(model.original_model).__name__),
+            "n_layers": hk.n_layers(model), "d_model": int(model.cfg.d_model),
+            "d_vocab": int(embedding.shape[0]), "embedding": digest}
 
 
 def capture_layers(model: Model, tokens: torch.Tensor, layers: Sequence[int]
@@ -157,7 +217,7 @@ def fit_tuned_lens(model: Model, examples: Examples, batch_size: int = 8, ridge:
         r2.append(1 - rss / total_ss if total_ss > 0 else float("nan"))
     settings = {"fit": "ridge least squares to the final normalised hidden state", "ridge": ridge,
                 "tokens": rows, "r2_by_layer": r2, "examples": dict(examples.settings),
-                "model": model_name(model)}
+                "model": model_name(model), "fingerprint": lens_fingerprint(model)}
     return TunedLens(torch.stack(weights), torch.stack(biases), layers, settings)
 
 
@@ -189,8 +249,7 @@ def tuned_early_exit(model: Model, lens: TunedLens, examples: Examples, batch_si
     """
     check_context(model, examples.tokens)
     layers = lens.layers
-    if max(layers) >= hk.n_layers(model):
-        raise InterpError(f"This tuned lens has {len(layers)} layers; the model has {hk.n_layers(model)}.")
+    lens.check_fits(model)  # a lens fitted on another model is refused before the model runs
     readout = Readout(model)
     nll = torch.empty(len(layers), len(examples), dtype=torch.float64)
     device = next(model.original_model.parameters()).device

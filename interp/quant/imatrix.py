@@ -43,6 +43,7 @@ from interp.errors import SpecError
 from interp.models import Model
 from interp.quant.llama_cpp import TENSOR_ROLES, gguf_name
 from interp.quant.sensitivity import INPUT_GROUPS
+from interp.results import CheckedResult, check_values
 from interp.runtime import hooks
 from interp.runtime.batching import batches, check_examples, show_progress
 
@@ -50,7 +51,7 @@ __all__ = ["ImportanceMatrix", "importance_matrix", "read_imatrix", "write_imatr
 
 
 @dataclass(frozen=True)
-class ImportanceMatrix:
+class ImportanceMatrix(CheckedResult):
     """Sums of squared inputs per channel of each block linear weight, as llama.cpp's imatrix stores them.
 
     Attributes:
@@ -59,12 +60,24 @@ class ImportanceMatrix:
         counts: the same names -> tokens summed over.
         chunk_size: tokens per chunk (an example's length); llama.cpp records it.
         datasets: where the tokens came from (recorded in the file).
+
+    Made only finite, with sums of squares >= 0 and counts >= 1 (:mod:`interp.results`).
     """
 
     sums: dict[str, np.ndarray]
     counts: dict[str, int]
     chunk_size: int
     datasets: tuple[str, ...] = ()
+
+    def meaningless(self) -> str | None:
+        """A negative sum of squares or a count below 1 is not an importance (a hand-edited or foreign file)."""
+        negative = sorted(name for name, values in self.sums.items() if bool((np.asarray(values) < 0).any()))
+        if negative:
+            return f"the sums of squared inputs of {negative[:4]} are negative: a sum of squares cannot be."
+        empty = sorted(name for name, n in self.counts.items() if not (isinstance(n, (int, np.integer)) and n >= 1))
+        if empty:
+            return f"the token counts of {empty[:4]} are not positive integers: no tokens were summed for them."
+        return None
 
     @property
     def tokens(self) -> int:
@@ -176,6 +189,10 @@ def write_imatrix(matrix: ImportanceMatrix, path: str | os.PathLike[str]) -> Pat
     if not matrix.sums:
         raise SpecError("the importance matrix is empty: it holds no weight")
 
+    with np.errstate(over="ignore"):  # a sum past float32's range becomes inf, refused just below
+        stored = {name: np.asarray(matrix.sums[name], dtype=np.float32) for name in sorted(matrix.sums)}
+    check_values(stored, "The importance matrix in float32 (as the file stores it)")  # a sum past 3.4e38 is inf
+
     def produce(tmp: Path) -> None:
         writer = gguf.GGUFWriter(str(tmp), arch="", endianess=gguf.GGUFEndian.LITTLE)
         writer.kv_data[0].pop("general.architecture", None)  # an imatrix file has no architecture key
@@ -184,7 +201,7 @@ def write_imatrix(matrix: ImportanceMatrix, path: str | os.PathLike[str]) -> Pat
         writer.add_uint32("imatrix.chunk_count", matrix.chunk_count)
         writer.add_uint32("imatrix.chunk_size", matrix.chunk_size)
         for name in sorted(matrix.sums):
-            writer.add_tensor(f"{name}.in_sum2", np.asarray(matrix.sums[name], dtype=np.float32))
+            writer.add_tensor(f"{name}.in_sum2", stored[name])
             writer.add_tensor(f"{name}.counts", np.asarray([matrix.counts[name]], dtype=np.float32))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()

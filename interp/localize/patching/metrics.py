@@ -18,6 +18,7 @@ from torch import Tensor
 
 from interp.data import counted_positions
 from interp.errors import DataError, InterpError
+from interp.results import distinct_answers
 from interp.runtime.readout import Readout
 from interp.runtime.scoring import token_nll
 from interp.typing import Resid, Tokens
@@ -94,6 +95,7 @@ class LogitDiffMetric(Metric):
         self.answers = torch.as_tensor(answers, dtype=torch.long).reshape(-1)
         self.wrongs = torch.as_tensor(wrongs, dtype=torch.long).reshape(-1)
         self.position = position
+        distinct_answers(self.answers, self.wrongs)  # answer == wrong measures nothing: refused before any run
 
     def _pick(self, logits: Float[Tensor, "rows vocab"], index: Tensor) -> PerRow:
         def per_row(tokens: Tensor) -> Tensor:  # one token for all rows, or one per example

@@ -1,0 +1,199 @@
+"""Every numeric result is finite and meaningful, or refused: the one check result types run when they are made.
+
+A result class mixes in :class:`CheckedResult`; its dataclass constructor then calls
+:func:`check_result`, which walks every field (tensors, NumPy arrays, DataFrames, numbers, and the
+lists, tuples and dicts that hold them) and raises :class:`~interp.errors.NonFiniteError` naming the
+class and the field where NaN or inf sits. A field the class names in ``ranked`` holds scores whose
+last axis is ranked (logits read by ``argmax`` or ``topk``): a row whose values are all equal ranks
+nothing, so it is refused too, and a class whose ranking lives elsewhere says so in
+``meaningless()``. A bare tensor result (:func:`interp.steering_vector`) goes through
+:func:`check_values`, the same walk.
+
+Questions that have no answer are refused before any model runs, in the same words everywhere:
+:func:`distinct_answers` (a logit difference of a token with itself is zero whatever the model does).
+
+Example:
+    >>> import torch
+    >>> from dataclasses import dataclass
+    >>> @dataclass(frozen=True)
+    ... class Scores(CheckedResult):
+    ...     ranked = ("logits",)
+    ...     logits: torch.Tensor
+    >>> Scores(torch.tensor([[0.0, 1.0]])).logits.shape
+    torch.Size([1, 2])
+    >>> Scores(torch.tensor([[0.0, float("nan")]]))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    interp.errors.NonFiniteError: Scores.logits holds NaN or inf (tensor (1, 2), at [0, 1]): ...
+    >>> Scores(torch.tensor([[2.0, 2.0]]))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    interp.errors.NonFiniteError: Scores.logits has rows [0] whose 2 values are all equal: ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+from interp.errors import DataError, NonFiniteError
+
+__all__ = ["CheckedResult", "check_result", "check_values", "distinct_answers", "non_finite"]
+
+_DEPTH = 6  # nesting followed into lists and dicts (settings hold dicts of lists)
+_ITEMS = 10_000  # items of one list or dict looked at (a result's lists are per layer, example or token)
+
+
+class CheckedResult:
+    """Mixin for result dataclasses: the constructor refuses NaN, inf and all-equal ranked rows (:func:`check_result`).
+
+    Attributes:
+        ranked: names of fields whose last axis is ranked (logits): a row of equal values is refused.
+    """
+
+    ranked: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        check_result(self)
+
+    def meaningless(self) -> str | None:
+        """Why this result is not a measurement although finite (a class's own rule), or None."""
+        return None
+
+
+def non_finite(value: Any, depth: int = 0) -> str | None:
+    """Where ``value`` holds NaN or inf (a short description), or None when all of it is finite.
+
+    Example:
+        >>> import numpy as np
+        >>> non_finite({"a": [1.0, 2.0]}), non_finite({"a": [1.0, np.inf]})
+        (None, "['a'][1]: inf")
+    """
+    if depth > _DEPTH:
+        return None
+    kind = type(value).__name__
+    if kind in ("Tensor", "Parameter") and hasattr(value, "is_floating_point"):
+        if value.device.type == "meta" or value.numel() == 0 or not (value.is_floating_point() or value.is_complex()):
+            return None
+        bad = ~value.detach().isfinite()
+        if not bool(bad.any()):
+            return None
+        first = [int(i) for i in bad.nonzero()[0].tolist()]
+        return f"tensor {tuple(value.shape)}, at {first}"
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (float, int)) or kind in ("float64", "float32", "float16"):
+        return None if isinstance(value, int) or math.isfinite(float(value)) else repr(float(value))
+    if kind == "ndarray":
+        if value.dtype.kind not in "fc" or value.size == 0:
+            return None
+        import numpy as np
+
+        bad = ~np.isfinite(value)
+        return None if not bad.any() else f"array {value.shape}, at {[int(i) for i in np.argwhere(bad)[0]]}"
+    if kind in ("DataFrame", "Series"):
+        numeric = value.select_dtypes("number") if kind == "DataFrame" else value
+        if kind == "Series" and value.dtype.kind not in "fc":
+            return None
+        inner = non_finite(numeric.to_numpy(dtype=float), depth + 1)
+        return None if inner is None else f"{kind} {inner}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [(f".{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value)]
+    elif isinstance(value, dict):
+        items = [(f"[{k!r}]", v) for k, v in list(value.items())[:_ITEMS]]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"[{i}]", v) for i, v in enumerate(value[:_ITEMS])]
+    else:
+        return None
+    for key, item in items:
+        where = non_finite(item, depth + 1)
+        if where is not None:
+            return f"{key}{'' if where.startswith(('[', '.')) else ': '}{where}"
+    return None
+
+
+def check_values(value: Any, what: str) -> Any:
+    """``value`` (a bare tensor result) when it holds no NaN or inf: :func:`check_result` on it, named ``what``.
+
+    Example:
+        >>> import torch
+        >>> check_values(torch.ones(2), "the steering vector").tolist()
+        [1.0, 1.0]
+    """
+    check_result(value, what)
+    return value
+
+
+def _equal_rows(tensor: Any) -> list[int]:
+    """Indices of the rows (over the last axis, leading axes flattened) whose values are all equal."""
+    if tensor.ndim == 0 or tensor.shape[-1] < 2 or tensor.numel() == 0:
+        return []
+    rows = tensor.detach().reshape(-1, tensor.shape[-1])
+    return [int(i) for i in (rows.amax(-1) == rows.amin(-1)).nonzero().flatten().tolist()]
+
+
+def check_result(result: Any, what: str | None = None) -> None:
+    """The one check every result goes through: :class:`CheckedResult` constructors call it on themselves, and
+    :func:`check_values` on a bare tensor. No NaN or inf in any field, no ranked row of equal values, and the
+    class's own :meth:`CheckedResult.meaningless` rule.
+
+    Raises:
+        NonFiniteError: naming the class (or ``what``), the field and where.
+    """
+    if not (dataclasses.is_dataclass(result) and not isinstance(result, type)):
+        where = non_finite(result)
+        if where is not None:
+            raise NonFiniteError(f"{what or type(result).__name__} holds NaN or inf ({where}): it is not a "
+                                 "measurement, so interp does not return it. The model's weights or inputs overflow; "
+                                 "check them (interp.nll names the rows where NaN appears).")
+        return
+    name = what or type(result).__name__
+    for f in dataclasses.fields(result):
+        where = non_finite(getattr(result, f.name))
+        if where is not None:
+            raise NonFiniteError(f"{name}.{f.name} holds NaN or inf ({where}): it is not a measurement, so interp "
+                                 "does not return it. The model's weights or inputs overflow; check them (interp.nll "
+                                 "names the rows where NaN appears).")
+    for field_name in getattr(result, "ranked", ()):
+        value = getattr(result, field_name, None)
+        if value is None or not hasattr(value, "reshape"):
+            continue
+        equal = _equal_rows(value)
+        if equal:
+            shown = equal[:8] + (["..."] if len(equal) > 8 else [])
+            raise NonFiniteError(f"{name}.{field_name} has rows {shown} whose {value.shape[-1]} values are all equal: "
+                                 "the ranking read from them (argmax, top-k) is arbitrary, not the model's. The "
+                                 "model's final norm or head returns constants (its weights overflow or are zero).")
+    why = result.meaningless() if callable(getattr(result, "meaningless", None)) else None
+    if why:
+        raise NonFiniteError(f"{name}: {why}")
+
+
+def distinct_answers(answers: Any, wrongs: Any, ids: Any = None) -> None:
+    """Refuse a logit difference of a token with itself: ``answer == wrong`` gives 0 whatever the model does.
+
+    ``answers`` and ``wrongs`` hold one token id, or one per row (broadcast against each other).
+
+    Example:
+        >>> import torch
+        >>> distinct_answers(torch.tensor([5, 6]), torch.tensor([6, 6]), ["a", "b"])  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        interp.errors.DataError: The answer and the wrong answer are the same token (id 6) for row 'b': ...
+    """
+    import torch
+
+    # host: a check on the user's ids, compared on the host
+    a = torch.as_tensor(answers).reshape(-1).cpu()
+    w = torch.as_tensor(wrongs).reshape(-1).cpu()  # host: as above
+    if a.numel() == 0 or w.numel() == 0 or (a.numel() != w.numel() and 1 not in (a.numel(), w.numel())):
+        return  # the shapes are the per-row checks' to refuse
+    a, w = torch.broadcast_tensors(a, w)
+    same = (a == w).nonzero().flatten().tolist()
+    if same:
+        row = same[0]
+        label = repr(list(ids)[row]) if ids is not None and row < len(list(ids)) else str(row)
+        more = f" (and {len(same) - 1} more rows)" if len(same) > 1 else ""
+        raise DataError(f"The answer and the wrong answer are the same token (id {int(a[row])}) for row {label}{more}: "
+                        "their logit difference is 0 whatever the model computes. Pass a different wrong answer.")
