@@ -635,12 +635,165 @@ def length_windows() -> str:
     return rp.markdown_table(pd.DataFrame(rows)) if rows else "Not measured yet.\n"
 
 
+def _mc_data() -> dict[str, dict]:
+    """Each registration's committed Monte Carlo re-analyses (``mc_error.json``, interp.report.mc_error)."""
+    return {name: json.loads((folder / "mc_error.json").read_text()) for name, folder in registered().items()
+            if (folder / "mc_error.json").is_file()}
+
+
+def mc_error() -> str:
+    """Each registered verdict beside its deciding interval end and that end's Monte Carlo error over fresh
+    bootstrap seeds, and what the rule for future registrations would read (the registered verdict stands)."""
+    from interp.report import mc_error as mc
+
+    rows = []
+    for name, data in _mc_data().items():
+        for key, d in mc.summarise(data).items():
+            row = {"column": name, "claim": rp.CLAIMS[key].claim, "registered verdict": data["claims"][key]["verdict"]}
+            if d is None:
+                rows.append({**row, "deciding end": "none: no single end's move changes the verdict"})
+                continue
+            rows.append({**row, "deciding end": f"{d.statistic}, {d.side}", "its value": f"{d.bound:.4f}",
+                         "threshold": f"{d.threshold:.4g}", "Monte Carlo SE": f"{d.mc_se:.4f}",
+                         "distance (MC SE)": f"{d.z:.1f}", "fresh seeds reading otherwise": f"{d.flipped} of {d.seeds}",
+                         f"under the future rule ({mc.BOUNDARY_Z:g} MC SE)": d.reading()})
+    if not rows:
+        return "No Monte Carlo re-analysis committed yet.\n"
+    frame = pd.DataFrame(rows).fillna("")
+    return rp.markdown_table(frame)
+
+
+def mc_settings() -> str:
+    """How many seeds, resamples and CPU seconds the Monte Carlo re-analyses took."""
+    rows = [{"column": name, "fresh seeds (K)": len(d["seeds"]), "resamples per interval (registered n_boot)":
+             d["n_boot"], "registered seed": d["registered_seed"],
+             "CPU seconds per analysis (this machine)": d["cpu_seconds_per_analysis"],
+             "relative precision of the MC SE, 1/sqrt(2(K-1))": f"{1 / math.sqrt(2 * (len(d['seeds']) - 1)):.2f}"}
+            for name, d in _mc_data().items()]
+    return rp.markdown_table(pd.DataFrame(rows)) if rows else "No Monte Carlo re-analysis committed yet.\n"
+
+
+def paper_models() -> str:
+    """The paper's own numbers, model by model, through the rules (interp.report.paper_models)."""
+    from interp.report import paper_models as pm
+
+    return rp.markdown_table(pm.grid())
+
+
+def paper_models_failing() -> str:
+    """The cells of the table above whose verdict is not 'as strong as the paper', with the rule's reason."""
+    from interp.report import paper_models as pm
+
+    rows = [{"model": c.model, "row": pm._label(c.row), "the paper's number": c.number, "verdict": c.verdict,
+             "why": c.reason} for c in pm.failing()]
+    return rp.markdown_table(pd.DataFrame(rows)) if rows else "Every judged cell is as strong as the paper.\n"
+
+
+SCALE_COLUMNS = ("SmolLM2 exploratory (n=128)", POST_HOC, "SmolLM2 confirmatory-2 (n=420)", "Gemma-3-270m (n=128)",
+                 "Gemma-3-270m confirmatory-1 (n=256)")
+
+
+def _scale_measurements() -> dict[str, dict[str, rp.Measurement]]:
+    """Every column's recovery measurements with a perplexity interval: the exploratory reports' from their
+    recorded cells (whole percent), registration 1's from its tables, the registrations' at full precision from
+    the registered analysis kept in ``mc_error.json``."""
+    from interp.report.scales import RECOVERY_ROWS
+
+    out: dict[str, dict[str, rp.Measurement]] = {}
+    for name, folder in ((SCALE_COLUMNS[0], EXPLORATORY), (SCALE_COLUMNS[3], GEMMA)):
+        stored = report_measurements(folder)
+        out[name] = {}
+        for key in RECOVERY_ROWS:
+            m = stored[key]
+            ppl = _parsed(m.text, 1) if len(_INTERVAL.findall(m.text)) > 1 else None
+            extra = {} if ppl is None else {"recovery_ppl": rp.Estimate(ppl.value, ppl.low, ppl.high)}
+            out[name][key] = rp.Measurement({**m.estimates, **extra}, m.text, m.untestable)
+    out[POST_HOC] = confirmatory1_measurements()
+    for name, data in _mc_data().items():
+        out[name] = {key: rp.measurement_from_dict(data["claims"][key]["registered"]) for key in RECOVERY_ROWS}
+    return {name: out[name] for name in SCALE_COLUMNS if name in out}
+
+
+def _alone(j: rp.Judgement) -> str:
+    """A verdict; an instance-limited one with what the rule reads over the examples alone."""
+    return _reread(pd.Series({"verdict": j.verdict, "why": j.reason}))
+
+
+def scales() -> str:
+    """Every recovery row of every column on both scales: the NLL verdict (the column's) and the same rule read on
+    the perplexity scale (interp.report.scales.perplexity_reading; shown, not judged)."""
+    from interp.report.scales import RECOVERY_ROWS, perplexity_reading
+
+    rows = []
+    for name, measured in _scale_measurements().items():
+        for key in RECOVERY_ROWS:
+            m = measured[key]
+            nll, ppl = m.estimates["recovery"], m.estimates.get("recovery_ppl")
+            verdict = _alone(rp.judge(key, m))
+            reading = perplexity_reading(key, m)
+            other = "ordering only: no level on either scale" if key == "patch_up" else (
+                "no perplexity interval" if reading is None else _alone(reading))
+            rows.append({"column": name, "row": key.replace("patch_", "patching ").replace("attn_out", "attention"),
+                         "NLL recovery": nll.text(percent=True), "verdict (NLL, the registered scale)": verdict,
+                         "perplexity recovery": "not recorded" if ppl is None else ppl.text(percent=True),
+                         "the same rule on perplexity (not judged)": other,
+                         "same verdict": "" if reading is None else ("yes" if _alone(reading) == verdict else "no")})
+    return rp.markdown_table(pd.DataFrame(rows))
+
+
+def _error_scale_data() -> list[tuple[str, dict, tuple[int, ...], tuple[int, ...]]]:
+    from interp.quant import length
+
+    designs = (("one document per row, 192 tokens", "agreement_by_length_documents", (4, 8, 16, 32, 64, 95),
+                (1, 2, 4, 8, 16, 32, 64, 128)),
+               ("packed rows, 512 tokens", "agreement_by_length", (4, 8, 16, 32, 64, 127, 255),
+                (1, 2, 4, 8, 16, 32, 64, 128, 256)))
+    return [(name, length.load_tokens(DATA / folder / length.RAW)[0], widths, lags)
+            for name, folder, widths, lags in designs if (DATA / folder / length.RAW).is_file()]
+
+
+def error_scale_widths() -> str:
+    """Agreement between window means at several widths, beside the token-noise prediction, and one method's error
+    between adjacent windows (interp.quant.error_scale.by_window)."""
+    from interp.quant import error_scale
+
+    rows = []
+    for name, tokens, widths, _ in _error_scale_data():
+        table = error_scale.by_window(tokens, widths, n_boot=1000, seed=0)
+        for r in table.itertuples():
+            rows.append({"rows": name, "window (targets)": r.width, "windows per row": r.windows_per_row,
+                         "agreement (mean Pearson, 10 pairs)": f"{r.agreement:.3f} [{r.low:.3f}, {r.high:.3f}]",
+                         f"change from {widths[0]} targets (paired)": "" if r.width == widths[0] else
+                         f"{r.change:+.3f} [{r.change_low:+.3f}, {r.change_high:+.3f}]",
+                         "token-noise prediction (Spearman-Brown)": f"{r.token_noise_prediction:.3f}",
+                         "one method's error, adjacent windows (mean over methods)":
+                             f"{r.adjacent:.3f} [{r.adjacent_low:.3f}, {r.adjacent_high:.3f}]"})
+    return rp.markdown_table(pd.DataFrame(rows)) if rows else "Not measured yet.\n"
+
+
+def error_scale_lags() -> str:
+    """The per-token error's autocorrelation by lag (interp.quant.error_scale.autocorrelation)."""
+    from interp.quant import error_scale
+
+    rows = []
+    for name, tokens, _, lags in _error_scale_data():
+        table = error_scale.autocorrelation(tokens, lags, n_boot=1000, seed=0)
+        for r in table.itertuples():
+            rows.append({"rows": name, "lag (targets)": r.lag,
+                         "autocorrelation (mean over 5 methods)":
+                             f"{r.autocorrelation:.4f} [{r.low:.4f}, {r.high:.4f}]",
+                         "range over methods": f"{r.method_min:.4f} to {r.method_max:.4f}"})
+    return rp.markdown_table(pd.DataFrame(rows)) if rows else "Not measured yet.\n"
+
+
 BLOCKS = {"references": references, "levels": levels, "sensitivity": sensitivity, "provenance": provenance,
           "columns": main_table, "controls": confirmatory_controls, "machines": machines, "changed": changed_verdicts,
           "issue33": issue33_changes, "registrations": registration_changes, "rotation": selection_rotation,
           "localization_models": localization_models, "patching_rotation": patching_rotation,
           "length": agreement_by_length, "length_windows": length_windows,
-          "length_documents": agreement_by_length_documents}
+          "length_documents": agreement_by_length_documents, "mc_error": mc_error, "mc_settings": mc_settings,
+          "paper_models": paper_models, "paper_models_failing": paper_models_failing, "scales": scales,
+          "error_scale_widths": error_scale_widths, "error_scale_lags": error_scale_lags}
 
 
 # Capability pages whose verdicts are the reproduction table's rows (a generated ``verdicts`` block each)
