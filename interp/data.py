@@ -42,6 +42,7 @@ from typing import Any, Literal
 import torch
 
 from interp import validate
+from interp.digests import cache_key, texts_digest
 from interp.errors import DataError
 from interp.reading import read_text
 from interp.typing import Tokens
@@ -364,14 +365,19 @@ def _special_token(tokenizer: Any, attrs: tuple[str, str], purpose: str) -> int:
     raise DataError(f"The tokenizer has neither a BOS nor an EOS token; interp needs one to {purpose}.")
 
 
-_TOKEN_CACHE: dict[tuple[Any, ...], list[list[int]]] = {}
+_TOKEN_CACHE: dict[str, list[list[int]]] = {}
 
 
-def _token_ids(tokenizer: Any, texts: list[str], source_key: tuple[Any, ...] | None = None) -> list[list[int]]:
-    """Token ids of ``texts`` without special tokens; memoised per (source, tokenizer)."""
+
+
+def _token_ids(tokenizer: Any, texts: list[str], cached: bool = False) -> list[list[int]]:
+    """Token ids of ``texts`` without special tokens; with ``cached``, memoised by content: the key
+    (:func:`interp.digests.cache_key`) is made of the texts' digest and the tokenizer's, never of a path, a
+    name or a file's time, so another text or tokenizer at the same path is tokenized again."""
     key = None
-    if source_key is not None:
-        key = (*source_key, getattr(tokenizer, "name_or_path", ""), len(tokenizer), type(tokenizer).__name__)
+    if cached:
+        key = cache_key(settings="token ids, no special tokens", data=texts_digest(texts),
+                        tokenizer=tokenizer_digest(tokenizer))
         if key in _TOKEN_CACHE:
             return _TOKEN_CACHE[key]
     out = [list(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]]
@@ -382,17 +388,16 @@ def _token_ids(tokenizer: Any, texts: list[str], source_key: tuple[Any, ...] | N
     return out
 
 
-def _source_key(source: str | Path, split: str) -> tuple[Any, ...] | None:
-    if str(source) == "wiki":
-        return ("wiki", split)
-    path = Path(source)
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return (str(path.resolve()), stat.st_mtime_ns, stat.st_size, split)
-
-
+def tokenizer_digest(tokenizer: Any) -> str:
+    """The SHA-256 of everything that decides a tokenizer's ids: its vocabulary and special tokens
+    (:func:`tokenizer_fingerprint`), its class and, for a fast tokenizer, its whole definition (merges,
+    normalizer, pre-tokenizer, added tokens). Two tokenizers with one vocabulary but other merges differ here."""
+    digest = hashlib.sha256(tokenizer_fingerprint(tokenizer).encode())
+    digest.update(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        digest.update(backend.to_str().encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
 @checked
 def load_examples(
     source: str | Path,
@@ -469,7 +474,7 @@ def _documents(source: str | Path, tokenizer: Any, n: int | None, seq_len: int, 
     docs = read_documents(source)
     if split != "all":
         docs = [d for d in docs if split_of(d.id) == split]
-    token_lists = _token_ids(tokenizer, [d.text for d in docs], _source_key(source, split))
+    token_lists = _token_ids(tokenizer, [d.text for d in docs], cached=True)
     return seq_len, n, seed, fingerprint, docs, token_lists
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -16,9 +17,44 @@ import plotly.graph_objects as go
 import torch
 
 from interp import models  # models.load_model looked up at call time, so a patched loader is seen
-from interp.data import load_examples
+from interp.data import load_examples, read_documents
+from interp.digests import cache_key, file_digest, files_digest, texts_digest
+from interp.errors import ModelLoadError
 from interp.quant.reference import describe_reference
 from interp.quant.spec import parse_spec, report_specs
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model", "chat_template.jinja")
+
+
+def model_digests(source: str) -> dict[str, str]:
+    """The SHA-256 of a model's weights and of its tokenizer, from the content of its files, without loading it.
+
+    A GGUF file (a bundled model's too) holds both; a Hugging Face folder's tokenizer files are the tokenizer
+    and all its other files (config, safetensors, index) the weights."""
+    path = Path(source).expanduser()
+    if source not in models.BUNDLED and not os.path.exists(path):
+        return {"weights": f"missing {source}", "tokenizer": f"missing {source}"}  # the load says what is wrong
+    try:
+        if source in models.BUNDLED or path.suffix == ".gguf":
+            gguf = models._bundled_gguf(source) if source in models.BUNDLED else path
+            digest = file_digest(gguf)
+            return {"weights": digest, "tokenizer": digest}
+        files = [p for p in sorted(path.iterdir()) if p.is_file()]
+    except OSError as exc:
+        raise ModelLoadError(f"Cannot read the model {source} ({exc.strerror or exc}). Give a bundled name, a "
+                             "Hugging Face model folder or a .gguf file.") from None
+    tokenizer = [p for p in files if p.name in TOKENIZER_FILES]
+    return {"weights": files_digest(p for p in files if p not in tokenizer), "tokenizer": files_digest(tokenizer)}
+
+
+def report_inputs(settings: "ReportSettings") -> dict[str, str]:
+    """What a report's numbers are computed from, each as a digest of its content: the weights and the
+    tokenizer (:func:`model_digests`), the documents of ``--data`` (their ids and texts), and the settings."""
+    docs = read_documents(settings.data)
+    return {**model_digests(settings.model), "data": texts_digest(t for d in docs for t in (d.id, d.text)),
+            "settings": settings.key()}
+
 
 # The method lists come from the quantizer registry (each record's report_bits / quick_bits).
 DEFAULT_METHODS = report_specs()
@@ -73,6 +109,7 @@ class StageOutput:
     numbers: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    provenance: dict[str, Any] = field(default_factory=dict)  # where and from what it was computed (run.py)
 
 
 @dataclass(frozen=True)
@@ -107,8 +144,20 @@ class ReportContext:
         self.progress = progress if self.rank == 0 else False
         self.cache: dict[str, Any] = {}
         self._main_only = False
-        self.shards = Sharding(out / "parts", {"report": settings.key()}, settings.batch_size,
+        self.shards = Sharding(out / "parts", {"report": self.key}, settings.batch_size,
                                progress=self.progress, everywhere=True)
+
+    @cached_property
+    def inputs(self) -> dict[str, str]:
+        """Digests of everything the report's numbers are computed from, read from the files' content (not
+        their paths): the weights, the tokenizer, the data and the settings (:func:`report_inputs`)."""
+        return report_inputs(self.settings)
+
+    @cached_property
+    def key(self) -> str:
+        """The key a finished stage or batch is reused under (:func:`interp.digests.cache_key`: the
+        :attr:`inputs` and the code fingerprint)."""
+        return cache_key(**self.inputs)
 
     def begin_stage(self) -> None:
         """A stage starts: every rank takes part in it until :meth:`main_only`."""

@@ -79,6 +79,14 @@ def provenance_text(p: Mapping[str, Any]) -> str:
             f"CPU kernels {p.get('cpu capability', '?')} (ATEN_CPU_CAPABILITY {aten})")
 
 
+def stage_origin(p: Mapping[str, Any]) -> str:
+    """Where one stage's numbers were computed, for the settings table: a resumed report mixes stages of
+    several runs, each with its own commit, machine, threads and kernels."""
+    when = f", {p['computed']}" if p.get("computed") else ""
+    reused = "; reused from an earlier run" if p.get("reused") else "; this run"
+    return f"{provenance_text(p)} on {p.get('machine', '?')}{when}{reused}"
+
+
 @lru_cache(maxsize=1)
 def _templates() -> jinja2.Environment:
     """The report's Jinja2 templates (``interp/templates``), autoescaping every value that is not Markup."""
@@ -385,6 +393,8 @@ def render_html(settings: ReportSettings, stages: list[Stage], outputs: dict[str
     rows = {**{k: v for k, v in asdict(settings).items()}, **{f"version {k}": v for k, v in versions.items()}}
     rows["reference"] = reference
     rows.update({f"time {s.name} (s)": f"{outputs[s.name].seconds:.1f}" for s in stages if s.name in outputs})
+    rows.update({f"computed {s.name}": stage_origin(outputs[s.name].provenance) for s in stages
+                 if s.name in outputs and outputs[s.name].provenance})
     settings_table = pd.DataFrame({"setting": list(rows), "value": [str(v) for v in rows.values()]})
     links = evidence_links(outputs)
     page = _templates().get_template("report.html.j2").render(

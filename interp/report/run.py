@@ -28,7 +28,9 @@ plotly's own figure markup and plotly.js are inserted as trusted markup.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import platform
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -43,15 +45,16 @@ from tqdm.auto import tqdm
 from interp import validate
 from interp.errors import InterpError
 from interp.figures import export_static
-from interp.io import atomic_write_bytes, claim_folder, write_csv, write_json
+from interp.io import atomic_write_bytes, claim_folder, remove_owned, write_csv, write_json, writing
 from interp.report.context import MainRankOnly, ReportContext, ReportSettings, Stage, StageOutput
 from interp.report.html import _versions, csv_data_uri, provenance, render_html
 from interp.report.stages import STAGES
 from interp.report.stages.reproduction_table import reproduction_table
 from interp.runtime.batching import show_progress
-from interp.runtime.distributed import local_device, process_group
+from interp.runtime.distributed import local_device, process_group, world
 
 REPORT_KIND = "report"  # the kind in a report folder's interp marker (interp.io.MARKER); the command's name
+INPUTS = "inputs.json"  # the digests of what the folder's scores were computed from (ReportContext.inputs)
 
 # ---------------------------------------------------------------------------------------
 # Stage persistence
@@ -61,32 +64,59 @@ def _figure_from_json(text: str) -> go.Figure:
     return pio.from_json(text)
 
 
-def save_stage(folder: Path, output: StageOutput, settings_key: str) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
+def save_stage(folder: Path, output: StageOutput, key: str) -> None:
+    """Write a finished stage; ``done.json``, written last, holds the key it may be reused under
+    (:attr:`ReportContext.key`) and where it was computed (``output.provenance``)."""
     for name, table in output.tables.items():
         atomic_write_bytes(folder / f"{name}.csv", table.to_csv(index=False).encode())
     for name, fig in output.figures.items():
         atomic_write_bytes(folder / f"{name}.plotly.json", fig.to_json().encode())
     write_json(folder / "numbers.json", {"numbers": output.numbers, "notes": output.notes,
                                          "tables": list(output.tables), "figures": list(output.figures)})
-    write_json(folder / "done.json", {"settings": settings_key, "seconds": output.seconds})
+    write_json(folder / "done.json", {"key": key, "seconds": output.seconds, "provenance": output.provenance})
 
 
-def load_stage(folder: Path, settings_key: str) -> StageOutput | None:
+def load_stage(folder: Path, key: str) -> StageOutput | None:
+    """A stage an earlier run finished, when it was computed under ``key`` (the same weights, data, tokenizer,
+    code and settings); ``None`` otherwise."""
     done = folder / "done.json"
     if not done.is_file():
         return None
     try:
         marker = json.loads(done.read_text())
-        if marker.get("settings") != settings_key:
+        if marker.get("key") != key:
             return None
         meta = json.loads((folder / "numbers.json").read_text())
         tables = {name: pd.read_csv(folder / f"{name}.csv") for name in meta["tables"]}
         figures = {name: _figure_from_json((folder / f"{name}.plotly.json").read_text()) for name in meta["figures"]}
     except (OSError, json.JSONDecodeError, ValueError, KeyError):
         return None  # a damaged stage is simply recomputed
+    earlier = marker.get("provenance") if isinstance(marker.get("provenance"), dict) else {}
     return StageOutput(tables=tables, figures=figures, numbers=meta["numbers"], notes=meta["notes"],
-                       seconds=float(marker.get("seconds", 0.0)))
+                       seconds=float(marker.get("seconds", 0.0)), provenance={**earlier, "reused": True})
+
+
+def stage_provenance(inputs: dict[str, str]) -> dict[str, Any]:
+    """Where a stage is computed: the commit, torch's threads and kernels (:func:`provenance`), the machine,
+    when, and the digests of what it is computed from."""
+    return {**provenance(), "machine": platform.node(), "platform": platform.platform(),
+            "computed": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "inputs": dict(inputs), "reused": False}
+
+
+DERIVED = ("scores.sqlite", "scores.sqlite-wal", "scores.sqlite-shm", "scores.sqlite-journal", "token_nll")
+"""What a report keeps besides its stages, computed from its inputs: the per-example scores."""
+
+
+def _start_afresh_if_inputs_changed(folder: Path, inputs: dict[str, str]) -> None:
+    """The scores an earlier run kept are reused only if it had the same inputs (``inputs.json``); otherwise
+    they go, and the stages, keyed by :attr:`ReportContext.key`, are computed again."""
+    try:
+        earlier = json.loads((folder / INPUTS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        earlier = None
+    if earlier != inputs:
+        remove_owned(folder, DERIVED, REPORT_KIND)
+        write_json(folder / INPUTS, inputs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -129,10 +159,22 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
     if stages is not None:  # before any folder is made: a misspelt stage must not give an empty report
         stages = validate.names(stages, "stages", valid=[s.name for s in STAGES], error=InterpError)
     folder = claim_folder(out, REPORT_KIND)  # new, empty or an earlier report; anything else is refused
+    with contextlib.ExitStack() as marked:
+        if world()[0] == 0:  # rank 0 writes the files: the folder says INCOMPLETE until results.json is in
+            marked.enter_context(writing(folder))
+        return _report(folder, settings, stages, progress, static, single_file, smoke)
+
+
+def _report(folder: Path, settings: ReportSettings, stages: list[str] | None, progress: bool | None, static: bool,
+            single_file: bool, smoke: bool | None) -> dict[str, Any]:
     chosen = [s for s in STAGES if stages is None or s.name in stages]
     device = local_device(settings.device) if settings.device == "cuda" else settings.device
     with process_group(device) as dist:  # torchrun: every rank runs the batched steps (_run_stages)
         context = ReportContext(settings, folder, progress)
+        if context.rank == 0:
+            _start_afresh_if_inputs_changed(folder, context.inputs)
+        if dist is not None:  # the others wait until rank 0 has cleared what another run's inputs left
+            dist.broadcast_object_list([None], src=0)
         try:
             outputs, total = _run_stages(context, chosen, dist)
         finally:
@@ -144,7 +186,7 @@ def run_report(out: str | Path, settings: ReportSettings | None = None, stages: 
     reproduction = reproduction_table(outputs, settings, why_smoke)
     versions = _versions()
     reference = context.reference_description
-    run = provenance()
+    run = {**provenance(), "stages": {name: o.provenance for name, o in outputs.items()}}
     _write_outputs(folder, settings, chosen, outputs, reproduction, versions, total, static, reference,
                    single_file, run, why_smoke)
     results = {
@@ -165,7 +207,7 @@ def _run_stages(context: ReportContext, chosen: list[Stage], dist: Any) -> tuple
     call (its batched steps and the scoring, which all ranks share), rank 0 alone the rest; rank 0
     decides which stages are already done and tells the others, so all ranks run the same stages.
     """
-    key = context.settings.key()
+    key = context.key  # the weights, data, tokenizer, code and settings, by content
     outputs: dict[str, StageOutput] = {}
     began = time.time()
     bar = tqdm(chosen, desc="report", unit="stage", disable=not show_progress(context.progress))
@@ -188,6 +230,7 @@ def _run_stages(context: ReportContext, chosen: list[Stage], dist: Any) -> tuple
         except MainRankOnly:  # a rank other than 0: the rest of this stage is rank 0's
             continue
         output.seconds = time.time() - tick
+        output.provenance = stage_provenance(context.inputs)
         save_stage(stage_dir, output, key)
         outputs[stage.name] = output
     return outputs, time.time() - began
