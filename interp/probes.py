@@ -360,7 +360,8 @@ def probe(
         "components": list(components), "reducers": list(reducers), "batch_size": batch_size,
         "exclude_bos": exclude_bos, "examples": dict(examples.settings),
     }
-    return ProbeResult(stats=run.stats, layers=layer_list, ids=list(examples.ids), settings=settings,
+    return ProbeResult(stats={key: table.cpu() for key, table in run.stats.items()}, layers=layer_list,
+                       ids=list(examples.ids), settings=settings,
                        nll=torch.cat(nll_chunks) if with_nll else None)
 
 
@@ -489,8 +490,11 @@ class _ProbeRun:
         table = self.stats.get(key)
         if table is None:
             shape = (self.n_layers, self.n_examples, *value.shape[1:])
-            table = self.stats[key] = (torch.full(shape, math.nan, dtype=value.dtype) if value.is_floating_point()
-                                       else torch.zeros(shape, dtype=value.dtype))
+            # reduced statistics stay on the device of the values (no host copy per layer; to the host once, at
+            # the end); full activations go to the host as they come, where check_memory has sized them
+            device = torch.device("cpu") if key.endswith("/full") else value.device
+            fill = math.nan if value.is_floating_point() else 0
+            table = self.stats[key] = torch.full(shape, fill, dtype=value.dtype, device=device)
         table[li, self.offset : self.offset + value.shape[0]] = value
 
 

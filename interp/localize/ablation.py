@@ -87,7 +87,7 @@ class AblationResult(ResultDisplay):
         """``logit(answer) - logit(wrong)`` per prompt: ``(clean, ablated)``; needs ``answer=`` and ``wrong=``."""
         if self.answers is None or self.wrongs is None:
             raise InterpError("This ablation was run without answer= and wrong=: pass both to read a logit difference.")
-        rows = torch.arange(len(self.ids))
+        rows = torch.arange(len(self.ids), device=self.clean_logits.device)
 
         def diff(logits: Tensor) -> Tensor:
             return (logits[rows, self.answers] - logits[rows, self.wrongs]).double()
@@ -129,10 +129,10 @@ def _checked(model: Model, component: str, how: str, layers: Sequence[int] | int
 
 def _position_mask(lengths: Tensor, width: int, positions: Sequence[int] | None, ids: Sequence[str]) -> Tensor:
     """``[B, width]``: the positions ablated in each left-aligned row of these real ``lengths``."""
-    pos = torch.arange(width)
+    pos = torch.arange(width, device=lengths.device)
     if positions is None:
         return pos[None] < lengths[:, None]
-    mask = torch.zeros(len(lengths), width, dtype=torch.bool)
+    mask = torch.zeros(len(lengths), width, dtype=torch.bool, device=lengths.device)
     for q in positions:
         where = lengths + q if q < 0 else torch.full_like(lengths, q)
         bad = (where < 0) | (where >= lengths)
@@ -140,7 +140,7 @@ def _position_mask(lengths: Tensor, width: int, positions: Sequence[int] | None,
             row = int(bad.nonzero()[0, 0])
             raise DataError(f"Position {q} is outside prompt {ids[row]!r} ({int(lengths[row])} real tokens); count "
                             "from the end (-1 is the last token) or use positions every prompt has.")
-        mask[torch.arange(len(lengths)), where] = True
+        mask[torch.arange(len(lengths), device=lengths.device), where] = True
     return mask
 
 
@@ -152,13 +152,15 @@ def _mean(model: Model, reference: Examples, keys: list[Key], batch_size: int) -
     count = 0
     for start, end in batches(len(reference), batch_size):
         tokens, lengths = aligned_rows(reference, start, end, device_of(model))
-        lengths = torch.full((end - start,), tokens.shape[1]) if lengths is None else lengths.cpu()
-        keep = torch.arange(tokens.shape[1])[None] < lengths[:, None]
+        if lengths is None:
+            lengths = torch.full((end - start,), tokens.shape[1], device=tokens.device)
+        keep = torch.arange(tokens.shape[1], device=tokens.device)[None] < lengths[:, None]
         keep[:, 0] = lengths <= 1  # BOS out (a one-token row keeps it: it has nothing else)
         with torch.no_grad():
             store, _ = capture(model, tokens, keys)
         for key in keys:
-            total = store[key].cpu()[keep].double().sum(dim=0)
+            x = store[key]
+            total = x[keep.to(x.device)].double().sum(dim=0)  # a no-op move unless a device_map splits the model
             sums[key] = total if key not in sums else sums[key] + total
         count += int(keep.sum())
     return {key: (total / count) for key, total in sums.items()}
@@ -182,8 +184,9 @@ def _resample_rows(lengths: Tensor, reference_lengths: Tensor, seed: int, ids: S
             raise DataError(f"Resample ablation needs a reference row at least as long as prompt {ids[i]!r} "
                             f"({length} tokens); the longest has {int(reference_lengths.max())}. Pass a reference "
                             "set of longer (or equally long) prompts.")
+        # host: a draw from the seeded CPU generator, the same rows on every device
         rows.append(int(eligible[torch.randint(len(eligible), (1,), generator=generator)]))
-    return torch.tensor(rows, dtype=torch.long)
+    return torch.tensor(rows, dtype=torch.long)  # host: row indices into the host-side reference examples
 
 
 def _resampled(model: Model, reference: Examples, rows: Tensor, lengths: Tensor, width: int,
@@ -193,11 +196,15 @@ def _resampled(model: Model, reference: Examples, rows: Tensor, lengths: Tensor,
 
     picked = reference.subset(rows)
     tokens, ref_lengths = aligned_rows(picked, 0, len(picked), device_of(model))
-    ref_lengths = torch.full((len(picked),), tokens.shape[1]) if ref_lengths is None else ref_lengths.cpu()
+    if ref_lengths is None:
+        ref_lengths = torch.full((len(picked),), tokens.shape[1], device=tokens.device)
     with torch.no_grad():
         store, _ = capture(model, tokens, keys)
-    index = (torch.arange(width)[None] + (ref_lengths - lengths)[:, None]).clamp(0, tokens.shape[1] - 1)
-    return {key: x.cpu()[torch.arange(len(rows))[:, None], index] for key, x in store.items()}
+    shift = ref_lengths - lengths.to(tokens.device)
+    index = (torch.arange(width, device=tokens.device)[None] + shift[:, None]).clamp(0, tokens.shape[1] - 1)
+    rows_at = torch.arange(len(rows), device=tokens.device)[:, None]
+    # the activations stay where the model made them (moved only between the devices of a device_map)
+    return {key: x[rows_at.to(x.device), index.to(x.device)] for key, x in store.items()}
 
 
 def _writer(value: Callable[[Tensor], Tensor], mask: Tensor, heads: list[int] | None
@@ -293,7 +300,8 @@ def ablate(
     readout, parts, clean_parts = Readout(model), [], []
     for start, end in batches(len(examples), batch_size):
         tokens, _ = aligned_rows(examples, start, end, device_of(model))
-        batch_lengths, batch_mask = lengths[start:end], mask[start:end, : tokens.shape[1]]
+        # the position mask moves to the model once per batch, not in each layer's hook
+        batch_lengths, batch_mask = lengths[start:end], mask[start:end, : tokens.shape[1]].to(tokens.device)
         if how == "resample":
             assert rows is not None
             source = _resampled(model, ref, rows[start:end], batch_lengths, tokens.shape[1], keys)

@@ -231,12 +231,13 @@ def edge_attribution(
     senders_, receivers_, metric_ = _checked_inputs(model, examples, senders, receivers, source_examples, metric)
     listed: list[Any] = ["logits"] if receivers_ == "logits" else list(receivers_)
     n, device = len(examples), device_of(model)
-    scores = torch.zeros(len(senders_), len(listed), n, dtype=torch.float64)
+    # on the model's device, to the host once at the end (not one copy per edge and batch)
+    scores = torch.zeros(len(senders_), len(listed), n, dtype=torch.float64, device=device)
     points = [*_sender_points(senders_), *(_out_point(s) for s in senders_), ("resid_pre", 0)]
     for start, end in batches(n, batch_size):
         tokens, lengths = aligned_rows(examples, start, end, device)
         source_tokens, _ = aligned_rows(source_examples, start, end, device)
-        index = torch.arange(start, end)
+        index = torch.arange(start, end)  # host: example indices; a metric picks its host-side answers with them
         clean, _ = _capture(model, tokens, points)
         source, _ = _capture(model, source_tokens, [*_sender_points(senders_), ("resid_pre", 0)])
         deltas = _sender_deltas(model, tokens, senders_, clean, source)
@@ -250,9 +251,9 @@ def edge_attribution(
         for i, s in enumerate(senders_):
             for j, r in enumerate(listed):
                 if r == "logits" or r[0] > s.layer:
-                    scores[i, j, start:end] = (deltas[i] * grads[j] / ig_steps).flatten(1).sum(1).double().cpu()
+                    scores[i, j, start:end] = (deltas[i] * grads[j] / ig_steps).flatten(1).sum(1).double()
     if not torch.isfinite(scores).all():
         raise NonFiniteError("Edge attribution produced NaN/inf scores: check the model's weights.")
-    return EdgeAttribution(scores=scores, senders=senders_, receivers=listed, ids=list(examples.ids),
+    return EdgeAttribution(scores=scores.cpu(), senders=senders_, receivers=listed, ids=list(examples.ids),
                            metric=metric_.name, settings={"model": model.info.name,
                                                           "ig_steps": ig_steps, "batch_size": batch_size})

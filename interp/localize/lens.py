@@ -105,7 +105,7 @@ class EarlyExitResult(ResultDisplay):
 
 def _exit_hook(readout: Readout, tokens: Tokens, row: Tensor, stop: bool, lengths: Tensor | None = None) -> Any:
     def decode(x: Tensor, hook: Any) -> None:
-        row.copy_(readout.mean_nll(x, tokens, lengths).cpu())
+        row.copy_(readout.mean_nll(x, tokens, lengths))  # no host copy per layer: the table is on the device
         if stop:
             raise StopForward
     return decode
@@ -153,9 +153,9 @@ def early_exit(
     layers = hk.check_layers(model, layers)
     check_context(model, examples.tokens)
     readout = Readout(model, max_logits)
-    nll = torch.empty(len(layers), len(examples), dtype=torch.float64)
     last = max(layers)
     device = next(model.original_model.parameters()).device
+    nll = torch.empty(len(layers), len(examples), dtype=torch.float64, device=device)  # to the host once, at the end
     bar = tqdm(total=len(examples), desc=f"early exit {at}", unit="ex", disable=not show_progress(progress))
     for start, end in batches(len(examples), batch_size):
         tokens, lengths = aligned_rows(examples, start, end, device)
@@ -171,7 +171,7 @@ def early_exit(
     _check_finite(nll, examples, "early exit")
     settings = {"model": model_name(model), "batch_size": batch_size,
                 "examples": dict(examples.settings)}
-    return EarlyExitResult(nll=nll.float(), layers=layers, ids=list(examples.ids), at=at, settings=settings)
+    return EarlyExitResult(nll=nll.float().cpu(), layers=layers, ids=list(examples.ids), at=at, settings=settings)
 
 
 def _check_finite(values: Tensor, examples: Examples, what: str) -> None:

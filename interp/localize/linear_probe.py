@@ -74,8 +74,8 @@ def fit_probe(x: Tensor, y: Tensor, n_classes: int, ridge: float = DEFAULT_RIDGE
         [0, 0, 1, 1]
     """
     x64 = x.double()
-    targets = -torch.ones(len(y), n_classes, dtype=torch.float64)
-    targets[torch.arange(len(y)), y] = 1.0
+    targets = -torch.ones(len(y), n_classes, dtype=torch.float64, device=x.device)
+    targets[torch.arange(len(y), device=x.device), y] = 1.0
     x_mean, y_mean = x64.mean(dim=0), targets.mean(dim=0)
     xc, yc = x64 - x_mean, targets - y_mean
     gram = xc.T @ xc
@@ -133,7 +133,7 @@ def _features(model: Model, prompts: Prompts, labels: Any, component: str, layer
         labels = left_aligned(labels, mask)[0]
     elif len(labels) != n:
         raise DataError(f"labels needs one label per prompt ({n}) or a per-token tensor [N, T]; got {len(labels)}.")
-    rows = torch.where(torch.tensor(position) < 0, lengths + position, torch.tensor(position).expand(n))
+    rows = lengths + position if position < 0 else torch.full_like(lengths, position)
     if not per_token and bool(((rows < 0) | (rows >= lengths)).any()):
         raise DataError(f"position {position} is outside a prompt; count from the end (-1 is the last token).")
     feats: dict[int, list[Tensor]] = {layer: [] for layer in layers}
@@ -143,21 +143,23 @@ def _features(model: Model, prompts: Prompts, labels: Any, component: str, layer
         tokens, _ = aligned_rows(examples, start, end, device_of(model))
         with torch.no_grad():
             store, _ = capture(model, tokens, [(component, layer) for layer in layers])
+        # the probed positions are picked on the device; only they go to the host (for the float64 fit)
         if per_token:
-            keep = (labels[start:end] >= 0) & (torch.arange(tokens.shape[1])[None] < lengths[start:end, None])
+            width = torch.arange(tokens.shape[1], device=lengths.device)
+            keep = (labels[start:end] >= 0) & (width[None] < lengths[start:end, None])
             picked = keep.nonzero()
             kept_labels += labels[start:end][keep].tolist()
-            types.append(tokens.cpu()[keep])
             owner.append(picked[:, 0] + start)
-            for layer in layers:
-                feats[layer].append(store[(component, layer)].cpu()[keep].flatten(1).float())
+            at: tuple[Tensor, ...] = (keep.to(tokens.device),)
         else:
-            index = torch.arange(end - start)
+            index = torch.arange(end - start, device=rows.device)
             kept_labels += list(labels[start:end])
-            types.append(tokens.cpu()[index, rows[start:end]])
             owner.append(index + start)
-            for layer in layers:
-                feats[layer].append(store[(component, layer)].cpu()[index, rows[start:end]].flatten(1).float())
+            at = (index.to(tokens.device), rows[start:end].to(tokens.device))
+        types.append(tokens[at].cpu())
+        for layer in layers:
+            x = store[(component, layer)]
+            feats[layer].append(x[tuple(i.to(x.device) for i in at)].flatten(1).float().cpu())
     return {layer: torch.cat(x) for layer, x in feats.items()}, kept_labels, torch.cat(types), torch.cat(owner)
 
 
@@ -255,11 +257,11 @@ def linear_probe(
     classes = sorted(set(raw), key=str)
     if len(classes) < 2:
         raise DataError(f"A probe needs at least two distinct labels; got {classes}.")
-    y = torch.tensor([classes.index(v) for v in raw], dtype=torch.long)
+    y = torch.tensor([classes.index(v) for v in raw], dtype=torch.long)  # host: labels, beside the host features
     n_prompts = int(owner.max()) + 1
-    order = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(seed))
+    order = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(seed))  # host: seeded CPU draw
     held = set(order[: max(1, round(test_fraction * n_prompts))].tolist())
-    test = torch.tensor([int(o) in held for o in owner])
+    test = torch.tensor([int(o) in held for o in owner], device=owner.device)
     train = ~test
     if not bool(train.any()) or not bool(test.any()):
         raise DataError("Too few prompts to hold some out: pass more prompts or another test_fraction.")
@@ -276,8 +278,10 @@ def linear_probe(
     majority = float((y[test] == torch.bincount(y[train]).argmax()).double().mean())
     settings = {"model": model_name(model), "component": component, "ridge": ridge, "seed": seed,
                 "test_fraction": test_fraction, "per_token": isinstance(labels, Tensor) and labels.ndim == 2}
-    return LinearProbeResult(accuracy=torch.tensor(accuracy, dtype=torch.float64),
-                             control_accuracy=torch.tensor(control_acc, dtype=torch.float64),
-                             train_accuracy=torch.tensor(train_acc, dtype=torch.float64), majority=majority,
+    # host: results, from each layer's Python floats
+    held_out, control_held_out, on_train = (torch.tensor(v, dtype=torch.float64)
+                                            for v in (accuracy, control_acc, train_acc))
+    return LinearProbeResult(accuracy=held_out, control_accuracy=control_held_out, train_accuracy=on_train,
+                             majority=majority,
                              layers=chosen, classes=classes, probes=probes, n_train=int(train.sum()),
                              n_test=int(test.sum()), settings=settings)

@@ -329,8 +329,10 @@ def path_patch(
     if examples.padded and not _takes_lengths(metric_):
         raise DataError(f"The metric {type(metric_).__name__} takes no lengths=, so it cannot read padded rows.")
     n, device = len(examples), device_of(model)
-    values = torch.empty(len(senders_), n, dtype=torch.float64)
-    target_values, source_values = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
+    # the values stay on the model's device (no host sync per window) and go to the host once, at the end
+    values = torch.empty(len(senders_), n, dtype=torch.float64, device=device)
+    target_values = torch.empty(n, dtype=torch.float64, device=device)
+    source_values = torch.empty(n, dtype=torch.float64, device=device)
     per_window = max(1, max_rows // max(1, min(batch_size, n)))
     points = [*_sender_points(senders_), *(_out_point(s) for s in senders_)]
     points += [("resid_pre", layer) for layer in range(hk.n_layers(model))]
@@ -338,7 +340,7 @@ def path_patch(
     for start, end in batches(n, batch_size):
         tokens, lengths = aligned_rows(examples, start, end, device)
         source_tokens, _ = aligned_rows(source_examples, start, end, device)
-        index = torch.arange(start, end)
+        index = torch.arange(start, end)  # host: example indices; a metric picks its host-side answers with them
         clean, clean_logits = _capture(model, tokens, points)
         source, source_logits = _capture(model, source_tokens, _sender_points(senders_))
         target_values[start:end] = _metric_values(metric_, "from_logits", clean_logits, tokens, index, lengths=lengths)
@@ -350,8 +352,8 @@ def path_patch(
             j = len(window)
             got = _metric_values(metric_, "from_logits", logits, tokens.repeat(j, 1), index.repeat(j),
                                  lengths=None if lengths is None else lengths.repeat(j))
-            values[w : w + j, start:end] = got.view(j, end - start).cpu()
-    return _path_result(values, target_values, source_values, senders_, receivers_, examples, metric_,
+            values[w : w + j, start:end] = got.view(j, end - start)
+    return _path_result(values.cpu(), target_values.cpu(), source_values.cpu(), senders_, receivers_, examples, metric_,
                         {"model": model_name(model), "batch_size": batch_size,
                          "max_rows": max_rows, "examples": dict(examples.settings)})
 
@@ -382,12 +384,14 @@ def path_patch_naive(
     other head's ``z`` and every MLP output explicitly. Slow; the reference for :func:`path_patch`."""
     senders_, receivers_, metric_ = _checked_inputs(model, examples, senders, receivers, source_examples, metric)
     n_layers, n = hk.n_layers(model), len(examples)
+    # host: the textbook loop's results, gathered on the host run by run
     values = torch.empty(len(senders_), n, dtype=torch.float64)
-    target_values, source_values = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
+    target_values = torch.empty(n, dtype=torch.float64)  # host: as above
+    source_values = torch.empty(n, dtype=torch.float64)  # host: as above
     frozen = [(c, layer) for layer in range(n_layers) for c in ("z", "down")]
     for i in range(n):
         tokens, source_tokens = _one_row(examples, i), _one_row(source_examples, i)
-        index = torch.tensor([i])
+        index = torch.tensor([i])  # host: the example's index, as in path_patch()
         clean, clean_logits = _capture(model, tokens, frozen)
         source, source_logits = _capture(model, source_tokens, frozen)
         target_values[i] = metric_.from_logits(clean_logits, tokens, index)[0]

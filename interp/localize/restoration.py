@@ -311,9 +311,10 @@ def _restored_nll_in_place(quantized: BlockWeights, reference: Model, examples: 
             return _restored_nll_full_forwards(quantized, reference, examples, restored, batch_size, progress, kept)
         readout, n = Readout(reference), hk.n_layers(reference)
         starts = sorted({min(s) for s in restored if s})
-        out = torch.empty(len(restored), len(examples), dtype=torch.float64)
-        reference_out = torch.empty(len(examples), dtype=torch.float64)
         device = device_of(reference)
+        # on the model's device, to the host once at the end (not one copy per set and batch)
+        out = torch.empty(len(restored), len(examples), dtype=torch.float64, device=device)
+        reference_out = torch.empty(len(examples), dtype=torch.float64, device=device)
         bar = tqdm(total=len(examples), desc="restoration", unit="ex", disable=not show_progress(progress))
         with torch.no_grad():
             for start, end in batches(len(examples), batch_size):
@@ -323,7 +324,7 @@ def _restored_nll_in_place(quantized: BlockWeights, reference: Model, examples: 
                     cache, final = _prefix(reference, runner, tokens, starts, verify=start == 0)
                     for i, layers in enumerate(restored):
                         if not layers:
-                            out[i, start:end] = readout.mean_nll(final, tokens).cpu()
+                            out[i, start:end] = readout.mean_nll(final, tokens)
                             continue
                         chosen, low = set(layers), min(layers)
                         for j in range(low, n):
@@ -332,12 +333,12 @@ def _restored_nll_in_place(quantized: BlockWeights, reference: Model, examples: 
                                 write_block(reference, j, kept.block(j) if want == "reference" else quantized.block(j))
                                 holds[j] = want
                         final_i = runner.run(cache[("resid_pre", low)], low)
-                        out[i, start:end] = readout.mean_nll(final_i, tokens).cpu()
+                        out[i, start:end] = readout.mean_nll(final_i, tokens)
                 _, reference_final = capture(reference, tokens, [])
-                reference_out[start:end] = readout.mean_nll(reference_final, tokens).cpu()
+                reference_out[start:end] = readout.mean_nll(reference_final, tokens)
                 bar.update(end - start)
         bar.close()
-    return out, reference_out
+    return out.cpu(), reference_out.cpu()
 
 
 def _restored_nll_full_forwards(quantized: BlockWeights, reference: Model, examples: Examples,
@@ -346,7 +347,7 @@ def _restored_nll_full_forwards(quantized: BlockWeights, reference: Model, examp
     """One copy, without the decoder runner: for each set, the quantized weights go into the blocks
     outside it (the set keeps the reference's) and the whole model runs; the reference after."""
     n = hk.n_layers(reference)
-    out = torch.empty(len(restored), len(examples), dtype=torch.float64)
+    out = torch.empty(len(restored), len(examples), dtype=torch.float64)  # host: rows of nll(), a host result
     for i, layers in enumerate(restored):
         kept = set(layers)
         with swapped(reference, quantized, layers=[j for j in range(n) if j not in kept], stash=stash):
@@ -376,16 +377,17 @@ def restored_nll(
     readout, reference_readout = Readout(quantized), Readout(reference)
     q_blocks, r_blocks = hk.blocks(quantized), hk.blocks(reference)
     starts = sorted({min(s) for s in restored if s})
-    out = torch.empty(len(restored), len(examples), dtype=torch.float64)
-    reference_out = torch.empty(len(examples), dtype=torch.float64)
     device = device_of(quantized)
+    # on the model's device, to the host once at the end (not one copy per set and batch)
+    out = torch.empty(len(restored), len(examples), dtype=torch.float64, device=device)
+    reference_out = torch.empty(len(examples), dtype=torch.float64, device=device)
     bar = tqdm(total=len(examples), desc="restoration", unit="ex", disable=not show_progress(progress))
     with torch.no_grad():
         for start, end in batches(len(examples), batch_size):
             tokens = examples.tokens[start:end].to(device)
             cache, final = _prefix(quantized, runner, tokens, starts, verify=start == 0)
             _, reference_final = capture(reference, tokens, [])
-            reference_out[start:end] = reference_readout.mean_nll(reference_final, tokens).cpu()
+            reference_out[start:end] = reference_readout.mean_nll(reference_final, tokens)
             for i, layers in enumerate(restored):
                 if layers:
                     chosen = set(layers)
@@ -393,7 +395,7 @@ def restored_nll(
                     final_i = runner.run(cache[("resid_pre", min(chosen))], min(chosen), modules)
                 else:
                     final_i = final
-                out[i, start:end] = readout.mean_nll(final_i, tokens).cpu()
+                out[i, start:end] = readout.mean_nll(final_i, tokens)
             bar.update(end - start)
     bar.close()
-    return out, reference_out
+    return out.cpu(), reference_out.cpu()

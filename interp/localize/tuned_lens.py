@@ -71,7 +71,7 @@ class TunedLens:
     settings: dict[str, Any] = field(default_factory=dict)
 
     def translate(self, index: int, resid: torch.Tensor) -> torch.Tensor:
-        return resid @ self.weight[index].to(resid.dtype) + self.bias[index].to(resid.dtype)
+        return resid @ self.weight[index].to(resid.device, resid.dtype) + self.bias[index].to(resid.device, resid.dtype)
 
     def check_fits(self, model: Model) -> None:
         """Refuse reading ``model`` with a lens fitted on another model: its translators' shapes, its layers and the
@@ -173,12 +173,13 @@ def fit_tuned_lens(model: Model, examples: Examples, batch_size: int = 8, ridge:
     layers = hk.check_layers(model, None)
     check_context(model, examples.tokens)
     d = int(model.cfg.d_model)
-    gram = torch.zeros(len(layers), d + 1, d + 1, dtype=torch.float64)
-    cross = torch.zeros(len(layers), d + 1, d, dtype=torch.float64)
-    target_sq = torch.zeros((), dtype=torch.float64)
-    target_sum = torch.zeros(d, dtype=torch.float64)
-    rows = 0
     device = next(model.original_model.parameters()).device
+    # float64 sums on the model's device: no layer's activations leave it (moved only between a device_map's devices)
+    gram = torch.zeros(len(layers), d + 1, d + 1, dtype=torch.float64, device=device)
+    cross = torch.zeros(len(layers), d + 1, d, dtype=torch.float64, device=device)
+    target_sq = torch.zeros((), dtype=torch.float64, device=device)
+    target_sum = torch.zeros(d, dtype=torch.float64, device=device)
+    rows = 0
     bar = tqdm(total=len(examples), desc="tuned lens", unit="ex", disable=not show_progress(progress))
     for start, end in batches(len(examples), batch_size):
         tokens, lengths = aligned_rows(examples, start, end, device)
@@ -189,13 +190,13 @@ def fit_tuned_lens(model: Model, examples: Examples, batch_size: int = 8, ridge:
         else:  # real positions only, BOS out
             keep = counted_positions(lengths, tokens.shape[1], skip_first=True)
             keep[:, 0] = False
-        y = final[keep].double().cpu()
+        y = final[keep.to(final.device)].double().to(device)
         target_sq += (y * y).sum()
         target_sum += y.sum(0)
         rows += y.shape[0]
         for i, r in enumerate(resids):
-            x = torch.cat([r[keep].double().cpu(), torch.ones(y.shape[0], 1, dtype=torch.float64)],
-                          dim=1)
+            x = torch.cat([r[keep.to(r.device)].double().to(device),
+                           torch.ones(y.shape[0], 1, dtype=torch.float64, device=device)], dim=1)
             gram[i] += x.T @ x
             cross[i] += x.T @ y
         bar.update(end - start)
@@ -218,7 +219,7 @@ def fit_tuned_lens(model: Model, examples: Examples, batch_size: int = 8, ridge:
     settings = {"fit": "ridge least squares to the final normalised hidden state", "ridge": ridge,
                 "tokens": rows, "r2_by_layer": r2, "examples": dict(examples.settings),
                 "model": model_name(model), "fingerprint": lens_fingerprint(model)}
-    return TunedLens(torch.stack(weights), torch.stack(biases), layers, settings)
+    return TunedLens(torch.stack(weights).cpu(), torch.stack(biases).cpu(), layers, settings)  # saved from the host
 
 
 def tuned_lens_cached(model: Model, calibration: Examples, cache_dir: str | os.PathLike[str], batch_size: int = 8,
@@ -251,8 +252,9 @@ def tuned_early_exit(model: Model, lens: TunedLens, examples: Examples, batch_si
     layers = lens.layers
     lens.check_fits(model)  # a lens fitted on another model is refused before the model runs
     readout = Readout(model)
-    nll = torch.empty(len(layers), len(examples), dtype=torch.float64)
     device = next(model.original_model.parameters()).device
+    nll = torch.empty(len(layers), len(examples), dtype=torch.float64, device=device)  # to the host once, at the end
+    lens = TunedLens(lens.weight.to(device), lens.bias.to(device), lens.layers, lens.settings)  # once, not per layer
     bar = tqdm(total=len(examples), desc="tuned lens exit", unit="ex", disable=not show_progress(progress))
     for start, end in batches(len(examples), batch_size):
         tokens, lengths = aligned_rows(examples, start, end, device)
@@ -264,10 +266,10 @@ def tuned_early_exit(model: Model, lens: TunedLens, examples: Examples, batch_si
             for i, r in enumerate(resids):
                 pred = lens.translate(i, r[:, 1:].float()).to(readout.weight.dtype)
                 kept = None if lengths is None else lengths - 1
-                nll[i, start:end] = readout.mean_nll(pred, tokens[:, 1:], kept, normed=True).cpu()
+                nll[i, start:end] = readout.mean_nll(pred, tokens[:, 1:], kept, normed=True)
         bar.update(end - start)
     bar.close()
     settings = {"model": model_name(model), "lens": "tuned",
                 "batch_size": batch_size, "examples": dict(examples.settings)}
-    return EarlyExitResult(nll=nll.float(), layers=list(layers), ids=list(examples.ids), at="resid_post",
+    return EarlyExitResult(nll=nll.float().cpu(), layers=list(layers), ids=list(examples.ids), at="resid_post",
                            settings=settings)

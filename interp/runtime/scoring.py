@@ -139,19 +139,20 @@ def nll(model: Model, examples: Examples, batch_size: int = 8, progress: bool | 
     check_examples(model, examples)
     batch_size = validate.batch_size(batch_size)
     score = token_nll_fn(model)
-    out = torch.empty(len(examples), dtype=torch.float64)
+    device = device_of(model)
+    out = torch.empty(len(examples), dtype=torch.float64, device=device)  # to the host once, at the end
     bar = tqdm(total=len(examples), desc="nll", unit="ex", disable=not show_progress(progress))
     with torch.no_grad():
         for start, end in batches(len(examples), batch_size):
-            tokens = examples.tokens[start:end].to(device_of(model))
+            tokens = examples.tokens[start:end].to(device)
             mask = None if examples.attention_mask is None else examples.attention_mask[start:end].to(tokens.device)
-            out[start:end] = row_mean(score(tokens, mask), mask).cpu()
+            out[start:end] = row_mean(score(tokens, mask), mask)
             bar.update(end - start)
     bar.close()
     if not torch.isfinite(out).all():
         bad = [examples.ids[i] for i in torch.nonzero(~torch.isfinite(out)).flatten().tolist()[:3]]
         raise NonFiniteError(f"The model produced NaN/inf NLL for examples {bad}{_non_finite_weights(model)}")
-    return out.float()
+    return out.float().cpu()
 
 
 def _non_finite_weights(model: Model) -> str:

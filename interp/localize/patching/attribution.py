@@ -100,11 +100,11 @@ def attribution(
             raise ComponentError("attribution() covers whole components; patch heads exactly with patch_heads().")
         hk.hook_point(target, c, layer)
     readout = Readout(target)
-    estimates = torch.empty(len(points), len(examples), dtype=torch.float64)
+    estimates = torch.empty(len(points), len(examples), dtype=torch.float64)  # host: results, one batch at a time
     device = device_of(target)
     for start, end in tqdm(list(batches(len(examples), batch_size)), desc="attribution", unit="batch",
                            disable=not show_progress(progress)):
-        index = torch.arange(start, end)
+        index = torch.arange(start, end)  # host: example indices; a metric picks its host-side answers with them
         tokens, lengths = aligned_rows(examples, start, end, device)  # padded rows: real tokens first, as alone
         source_tokens, _ = aligned_rows(source_examples, start, end, device)
         with torch.no_grad():
@@ -137,12 +137,12 @@ def _attribute_batch(target: Model, readout: Readout, metric: Metric, tokens: To
         hk.decoder_body(target)(input_ids=tokens)
         values = _metric_values(metric, "from_resid", readout, acts[last], tokens, index, lengths=lengths)
         grads = torch.autograd.grad(values.sum(), [acts[p] for p in points], allow_unused=True)
-    out = torch.zeros(len(points), tokens.shape[0], dtype=torch.float64)
+    out = torch.zeros(len(points), tokens.shape[0], dtype=torch.float64, device=tokens.device)
     for i, (point, grad) in enumerate(zip(points, grads, strict=True)):
         if grad is not None:
             delta = source_cache[point] - acts[point].detach()
-            out[i] = (delta * grad).flatten(start_dim=1).sum(dim=1).double().cpu()
-    return out
+            out[i] = (delta * grad).flatten(start_dim=1).sum(dim=1).double()
+    return out.cpu()  # one host copy per batch, not one per layer
 
 
 def rank_agreement(estimated: AttributionResult, exact: PatchResult) -> float:

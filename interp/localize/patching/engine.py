@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -101,11 +102,18 @@ def _replacer(entries: list[_Entry]) -> Callable[[Tensor, Any], Tensor]:
     return replace
 
 
-def _as_index(values: tuple[int, ...] | None, width: int | None = None) -> Tensor | None:
-    """Indices as a tensor; with ``width``, negative positions counted from the end (-1 = ``width - 1``)."""
+def _as_index(values: Sequence[int] | None, device: torch.device, width: int | None = None) -> Tensor | None:
+    """Indices as a tensor on ``device``; with ``width``, negative positions count from the end (-1: ``width - 1``)."""
     if values is None:
         return None
-    return torch.tensor(values if width is None else [q % width for q in values], dtype=torch.long)
+    return _index_on(tuple(values if width is None else [q % width for q in values]), device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _index_on(values: tuple[int, ...], device: torch.device) -> Tensor:
+    """Cached: the staggered runner builds its hooks at every layer, and each would otherwise copy the
+    same few indices from the host again. The tensors are only read (indexing), never written."""
+    return torch.tensor(values, dtype=torch.long, device=device)
 
 
 def _patch_hooks(model: Model, jobs: Sequence[Patch], cache: Mapping[Key, Tensor], batch: int,
@@ -126,7 +134,8 @@ def _patch_hooks(model: Model, jobs: Sequence[Patch], cache: Mapping[Key, Tensor
             if masks is not None:
                 entry: _Entry = (j * batch, src, None, None, masks[j])
             else:
-                entry = (j * batch, src, _as_index(job.positions, src.shape[1]), _as_index(job.heads), None)
+                entry = (j * batch, src, _as_index(job.positions, src.device, src.shape[1]),
+                         _as_index(job.heads, src.device), None)
             grouped.setdefault(name, []).append(entry)
     return [(name, _replacer(entries)) for name, entries in grouped.items()]
 
@@ -145,7 +154,7 @@ class _Lengths:
 
 def _row_lengths(examples: Examples) -> Tensor:
     if examples.attention_mask is None:
-        return torch.full((len(examples),), examples.seq_len, dtype=torch.long)
+        return torch.full((len(examples),), examples.seq_len, dtype=torch.long, device=examples.tokens.device)
     return examples.attention_mask.sum(dim=1)
 
 
@@ -277,7 +286,7 @@ def _checked_lengths(examples: Examples, source_examples: Examples, patches: Seq
     check = getattr(metric, "check_lengths", None)
     if lengths is None:
         if check is not None:
-            full = torch.full((len(examples),), examples.seq_len, dtype=torch.long)
+            full = torch.full((len(examples),), examples.seq_len, dtype=torch.long, device=examples.tokens.device)
             check(full, examples.ids, "target")
         return None
     if not _takes_lengths(metric):
@@ -520,16 +529,18 @@ def patch(
     engine = _Engine(model, source, _checked_patches(model, patches, examples.seq_len), _metric(metric), fast)
     lengths = _checked_lengths(examples, source_examples, engine.patches, engine.metric)
     n = len(examples)
-    values = torch.empty(len(engine.patches), n, dtype=torch.float64)
-    target_values, source_values = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
     device = device_of(model)
+    # the values stay on the model's device (no host sync per window) and go to the host once, at the end
+    values = torch.empty(len(engine.patches), n, dtype=torch.float64, device=device)
+    target_values = torch.empty(n, dtype=torch.float64, device=device)
+    source_values = torch.empty(n, dtype=torch.float64, device=device)
     jobs_per_window = max(1, max_rows // max(1, min(batch_size, n)))
     windows = [engine.order[i : i + jobs_per_window] for i in range(0, len(engine.order), jobs_per_window)]
     bar = tqdm(total=len(windows) * len(list(batches(n, batch_size))), desc="patch", unit="run",
                disable=not show_progress(progress))
     with torch.no_grad(), _TargetWeights(source, weights, stash) as as_target:
         for start, end in batches(n, batch_size):
-            index = torch.arange(start, end)
+            index = torch.arange(start, end)  # host: example indices; a metric picks its host-side answers with them
             masks = None
             if lengths is not None:
                 masks = (_batch_mask(examples, start, end), _batch_mask(source_examples, start, end))
@@ -538,13 +549,15 @@ def patch(
             with as_target():
                 batch, target_values[start:end] = engine.prepare_target(side)
                 for window in windows:
-                    values[window, start:end] = engine.run_window(batch, window).cpu()
+                    # .to: a no-op unless a device_map puts the last layer elsewhere
+                    values[window, start:end] = engine.run_window(batch, window).to(device)
                     bar.update(1)
     bar.close()
     # block weights name themselves as their model would (SavedWeights: the quantized copy's name)
     settings = _settings(str(getattr(weights, "name", "block weights")) if weights is not None else model, source,
                          examples, batch_size, max_rows=max_rows, fast=engine.runner is not None)
-    return _result(values, target_values, source_values, engine.patches, examples, engine.metric, settings)
+    return _result(values.cpu(), target_values.cpu(), source_values.cpu(), engine.patches, examples, engine.metric,
+                   settings)
 
 
 class _TargetWeights:
@@ -631,8 +644,10 @@ def patch_naive(
     metric_ = _metric(metric)
     aligned = _checked_lengths(examples, source_examples, patches, metric_) is not None
     n = len(examples)
+    # host: the textbook loop's results, gathered on the host run by run as transformer-lens' loop does
     values = torch.empty(len(patches), n, dtype=torch.float64)
-    target_values, source_values = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
+    target_values = torch.empty(n, dtype=torch.float64)  # host: as above
+    source_values = torch.empty(n, dtype=torch.float64)  # host: as above
     device = device_of(target)
     bar = tqdm(total=len(patches) * len(list(batches(n, batch_size))), desc="patch (naive)", unit="run",
                disable=not show_progress(progress))
@@ -645,7 +660,7 @@ def patch_naive(
                 source_lengths = _naive_lengths(source_examples, start, end, source_tokens)
                 tokens = left_aligned(tokens, _naive_mask(examples, start, end, tokens))[0]
                 source_tokens = left_aligned(source_tokens, _naive_mask(source_examples, start, end, source_tokens))[0]
-            index = torch.arange(start, end)
+            index = torch.arange(start, end)  # host: example indices, as in patch()
             cache, _ = capture(source, source_tokens, _source_keys(patches))
             source_values[start:end] = _metric_values(metric_, "from_logits", model_logits(source, source_tokens),
                                                       source_tokens, index, lengths=source_lengths)

@@ -31,7 +31,8 @@ class Metric:
 
     ``from_resid`` decodes the final (pre-norm) residual with a :class:`~interp.runtime.readout.Readout`;
     ``from_logits`` reads full logits. Both give the same values. ``index`` holds each row's
-    example index (rows of stacked patch jobs repeat examples).
+    example index (rows of stacked patch jobs repeat examples), on the host: it picks per-example
+    data the metric keeps on the host (answer ids), which then moves to the values' device.
 
     Padded examples, and source/target pairs of different lengths, reach a metric as
     left-aligned rows (:func:`interp.data.left_aligned`: each row's real tokens first) with
@@ -92,8 +93,9 @@ class LogitDiffMetric(Metric):
     aggregate_name = "mean logit difference"
 
     def __init__(self, answers: Sequence[int] | Tensor | int, wrongs: Sequence[int] | Tensor | int, position: int = -1):
+        # host: the user's ids, picked per row by the host-side example index, then moved with each run's values
         self.answers = torch.as_tensor(answers, dtype=torch.long).reshape(-1)
-        self.wrongs = torch.as_tensor(wrongs, dtype=torch.long).reshape(-1)
+        self.wrongs = torch.as_tensor(wrongs, dtype=torch.long).reshape(-1)  # host: as above
         self.position = position
         distinct_answers(self.answers, self.wrongs)  # answer == wrong measures nothing: refused before any run
 

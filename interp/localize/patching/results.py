@@ -84,7 +84,7 @@ class PatchResult(ResultDisplay):
         """``(target - patched) / (target - source)`` on the aggregate (NaN when source == target)."""
         gap = self.target_value - self.source_value
         if gap == 0:
-            return torch.full((len(self.patches),), math.nan, dtype=torch.float64)
+            return torch.full((len(self.patches),), math.nan, dtype=torch.float64, device=self.values.device)
         return (self.target_value - self.aggregate()) / gap
 
     def table(self) -> pd.DataFrame:
