@@ -122,6 +122,7 @@ def _norm_offset(norm: torch.nn.Module, device: torch.device) -> float:
         device = weight.device if device.type == "meta" else device
     eps = float(getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None) or 1e-6)
     generator = torch.Generator().manual_seed(0)
+    # host: drawn from a seeded CPU generator (the same probe input on every device), then moved once
     x = torch.randn(4, weight.shape[-1], generator=generator).to(device=device, dtype=weight.dtype)
     with torch.no_grad():
         y = norm(x).float()

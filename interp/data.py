@@ -441,6 +441,7 @@ def load_examples(
             f"Asked for {wanted} examples of {seq_len} tokens from {source!s} ({split} split), but only "
             f"{len(eligible)} documents have at least {seq_len - 1} tokens. Lower n or seq_len."
         )
+    # host: document indices from a seeded CPU generator, the same draw on every device
     order = torch.randperm(len(eligible), generator=torch.Generator().manual_seed(seed))[:wanted]
     chosen = [eligible[i] for i in order.tolist()]
     bos = bos_token_id(tokenizer)
@@ -448,7 +449,7 @@ def load_examples(
     settings = {"source": str(source), "seq_len": seq_len, "seed": seed, "split": split, "n": wanted,
                 "eligible": len(eligible)}
     return Examples(
-        tokens=torch.tensor(rows, dtype=torch.long),
+        tokens=torch.tensor(rows, dtype=torch.long),  # host: examples live on the CPU; batches move as they run
         texts=[docs[i].text for i in chosen],
         ids=[docs[i].id for i in chosen],
         settings=settings,
@@ -521,6 +522,7 @@ def load_packed_examples(
     """
     seq_len, n, seed, fingerprint, docs, token_lists = _documents(source, tokenizer, n, seq_len, seed, split)
     usable = [i for i, t in enumerate(token_lists) if t]
+    # host: document order from a seeded CPU generator, the same draw on every device
     order = torch.randperm(len(usable), generator=torch.Generator().manual_seed(seed)).tolist()
     sep, bos = separator_token_id(tokenizer), bos_token_id(tokenizer)
     rows: list[list[int]] = []
@@ -542,7 +544,7 @@ def load_packed_examples(
     settings = {"source": str(source), "seq_len": seq_len, "seed": seed, "split": split, "n": len(rows),
                 "packed": True, "separator": sep}
     return Examples(
-        tokens=torch.tensor(rows, dtype=torch.long),
+        tokens=torch.tensor(rows, dtype=torch.long),  # host: examples live on the CPU; batches move as they run
         texts=["\n\n".join(docs[i].text for i in used) for used in members],
         ids=["+".join(docs[i].id for i in used) for used in members],
         settings=settings,
@@ -600,11 +602,12 @@ def examples_from_texts(texts: Sequence[str], tokenizer: Any, max_len: int | Non
     width = max(len(row) for row in rows)
     pad = next((int(v) for v in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None))
                 if v is not None), 0)
+    # host: examples (token rows and their mask) live on the CPU; batches move to the model as they run
     tokens = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)  # host: as the rows above
     for i, row in enumerate(rows):
         span = slice(width - len(row), width) if padding == "left" else slice(0, len(row))
-        tokens[i, span] = torch.tensor(row, dtype=torch.long)
+        tokens[i, span] = torch.tensor(row, dtype=torch.long, device=tokens.device)
         mask[i, span] = True
     return Examples(tokens=tokens, texts=list(texts), ids=names,
                     settings={"source": "texts", "seq_len": width, "padding": padding, "max_len": max_len},
@@ -639,7 +642,7 @@ def real_lengths(examples: Examples) -> torch.Tensor:
         [5, 5]
     """
     if examples.attention_mask is None or not examples.padded:
-        return torch.full((len(examples),), examples.seq_len, dtype=torch.long)
+        return torch.full((len(examples),), examples.seq_len, dtype=torch.long, device=examples.tokens.device)
     return examples.attention_mask.sum(dim=1).long()
 
 

@@ -164,7 +164,8 @@ def _working_dtype(pattern: Tensor) -> Tensor:
 
 
 @checked
-def keys_per_query(n_queries: int, key_mask: KeyMask | None = None, n_keys: int | None = None) -> Tensor:
+def keys_per_query(n_queries: int, key_mask: KeyMask | None = None, n_keys: int | None = None, *,
+                   device: torch.device | str | None = None) -> Tensor:
     """Number of keys ``n_i`` each query may attend to under a causal mask and padding.
 
     Queries are aligned to the last ``n_queries`` keys (query ``i`` sits at key position
@@ -176,6 +177,8 @@ def keys_per_query(n_queries: int, key_mask: KeyMask | None = None, n_keys: int 
         key_mask: ``[..., key]`` bool, True for real (non-padded) keys. ``None`` means every
             key is real.
         n_keys: number of keys when ``key_mask`` is None; defaults to ``n_queries``.
+        device: where the counts are made when ``key_mask`` is None (the device of the pattern they
+            meet; default the CPU); with a mask they are made on the mask's device.
 
     Returns:
         ``[..., query]`` int64 counts (shape ``[query]`` when ``key_mask`` is None).
@@ -188,7 +191,7 @@ def keys_per_query(n_queries: int, key_mask: KeyMask | None = None, n_keys: int 
     """
     if key_mask is None:
         n_keys = n_queries if n_keys is None else n_keys
-        return torch.arange(1, n_queries + 1) + (n_keys - n_queries)
+        return torch.arange(1, n_queries + 1, device=device) + (n_keys - n_queries)
     if key_mask.dtype != torch.bool:
         raise InterpError(f"key_mask must be a bool tensor [..., key] (True = real token), got {key_mask.dtype}.")
     n_keys = key_mask.shape[-1]
@@ -201,7 +204,8 @@ def keys_per_query(n_queries: int, key_mask: KeyMask | None = None, n_keys: int 
 
 
 @checked
-def valid_query_mask(n_queries: int, key_mask: KeyMask | None = None, min_keys: int = 2) -> QueryMask:
+def valid_query_mask(n_queries: int, key_mask: KeyMask | None = None, min_keys: int = 2, *,
+                     device: torch.device | str | None = None) -> QueryMask:
     """Which queries to include when averaging a per-query quantity.
 
     A query is valid when its own position is a real token (not padding) and it may
@@ -213,6 +217,7 @@ def valid_query_mask(n_queries: int, key_mask: KeyMask | None = None, min_keys: 
         n_queries: number of query positions.
         key_mask: ``[..., key]`` bool, True for real keys; None means no padding.
         min_keys: smallest number of visible keys a query needs to count.
+        device: where the mask is made when ``key_mask`` is None (as in :func:`keys_per_query`).
 
     Returns:
         ``[..., query]`` bool mask (``[query]`` when ``key_mask`` is None).
@@ -222,7 +227,7 @@ def valid_query_mask(n_queries: int, key_mask: KeyMask | None = None, min_keys: 
         tensor([[False,  True,  True],
                 [False, False,  True]])
     """
-    n_visible = keys_per_query(n_queries, key_mask)
+    n_visible = keys_per_query(n_queries, key_mask, device=device)
     valid = n_visible >= min_keys
     if key_mask is not None:
         valid = valid & key_mask[..., key_mask.shape[-1] - n_queries :]
@@ -279,7 +284,7 @@ def entropy(pattern: Pattern, normalized: bool = False, key_mask: KeyMask | None
     h = (0.0 - torch.special.xlogy(work, work).sum(-1)).clamp_(min=0.0)  # 0.0 - x avoids printing -0.
     if not normalized:
         return h
-    n_visible = keys_per_query(pattern.shape[-2], key_mask, n_keys=pattern.shape[-1]).to(h.device)
+    n_visible = keys_per_query(pattern.shape[-2], key_mask, n_keys=pattern.shape[-1], device=h.device).to(h.device)
     log_n = torch.log(n_visible.clamp_min(1).to(h.dtype))
     return torch.where(n_visible > 1, h / torch.where(n_visible > 1, log_n, torch.ones_like(log_n)), 0.0)
 

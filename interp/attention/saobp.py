@@ -291,7 +291,8 @@ def saobp_hook(beta: Beta, mode: Mode = "exact", chunk: int | None = None) -> Ca
     """
     if mode not in MODES:
         raise InterpError(f"Unknown SAOBP mode {mode!r}; use one of {', '.join(MODES)}.")
-    probe = torch.zeros(1, beta.shape[0] if isinstance(beta, Tensor) and beta.ndim == 1 else 1, 1, 1)
+    # a shape-only probe for the checks: on the meta device it holds no memory and meets no data
+    probe = torch.zeros(1, beta.shape[0] if isinstance(beta, Tensor) and beta.ndim == 1 else 1, 1, 1, device="meta")
     _beta_for(probe, beta)
 
     def hook_fn(pattern: Tensor, hook: Any) -> Tensor:  # [batch, head, query, key]

@@ -196,8 +196,10 @@ def _rows(tokenizer: Tokenizer, texts: Sequence[str], seq_len: int) -> torch.Ten
     n_rows = len(stream) // body
     if n_rows == 0:
         raise InterpError(f"Only {len(stream)} tokens of text, fewer than one row of {seq_len}; use more documents.")
+    # host: token rows from the tokenizer's ids, built once before any batch is drawn
     tokens = rearrange(torch.tensor(stream[: n_rows * body], dtype=torch.long), "(n t) -> n t", n=n_rows)
-    return torch.cat([torch.full((n_rows, 1), eot, dtype=torch.long), tokens], dim=1)
+    eot_column = torch.full((n_rows, 1), eot, dtype=torch.long)  # host: the first column of those rows
+    return torch.cat([eot_column, tokens], dim=1)
 
 
 # ---------------------------------------------------------------- optimisation
@@ -227,6 +229,7 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tens
     flat = {}
     for index, state in optimizer.state_dict()["state"].items():
         for name, value in state.items():
+            # host: bound for a safetensors file; a tensor keeps its device, a Python step count becomes a scalar
             flat[f"{index}.{name}"] = torch.as_tensor(value).contiguous()
     return flat
 
@@ -287,7 +290,7 @@ def attention_metrics(model: nn.Module, rows: torch.Tensor) -> dict[str, float]:
     with capture_prior_patterns(model) as priors:
         patterns = model(rows, output_attentions=True).attentions  # per layer [batch, head, q, k]
     model.train(was_training)
-    valid = valid_query_mask(rows.shape[1])
+    valid = valid_query_mask(rows.shape[1], device=rows.device)
     out: dict[str, float] = {}
     for layer, pattern in enumerate(patterns):
         out.update(_layer_means("", layer, pattern, valid))
@@ -388,6 +391,7 @@ def _batch_order(n_rows: int, step: int, config: TrainConfig, seed: int) -> torc
     if per_epoch == 0:
         raise InterpError(f"{n_rows} training rows is fewer than one batch of {config.batch_size}.")
     epoch, position = divmod(step, per_epoch)
+    # host: row indices from a seeded CPU generator, the same order on every device
     order = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
     return order[position * config.batch_size : (position + 1) * config.batch_size]
 
@@ -423,7 +427,7 @@ def _load_checkpoint(folder: Path, runners: list[_Runner]) -> tuple[int, float]:
         runner.model.load_state_dict(weights, strict=True)
         _load_optimizer(runner.optimizer, load_file(str(folder / f"{runner.name}_optimizer.safetensors")))
         runner.restore_state(state["runners"][runner.name])
-    torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+    torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))  # host: the CPU generator's state
     return int(state["step"]), float(state["wall_s"])
 
 

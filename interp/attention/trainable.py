@@ -215,7 +215,8 @@ def attach_saobp(model: LlamaForCausalLM, settings: SAOBPConfig) -> None:
         attention.saobp_config = settings
         if settings.learnable and settings.applies_to(attention.layer_idx):
             n_heads = model.config.num_attention_heads
-            raw = torch.full((n_heads,), _inverse_softplus(settings.beta), dtype=torch.float32)
+            raw = torch.full((n_heads,), _inverse_softplus(settings.beta), dtype=torch.float32,
+                             device=attention.q_proj.weight.device)
             attention.register_parameter(BETA_PARAM, nn.Parameter(raw))
 
 
@@ -317,7 +318,8 @@ def saobp_betas(model: nn.Module) -> dict[int, torch.Tensor]:
         beta = module_beta(module, module.saobp_config)
         n_heads = module.config.num_attention_heads
         betas[module.layer_idx] = (
-            beta.detach().clone() if isinstance(beta, torch.Tensor) else torch.full((n_heads,), float(beta))
+            beta.detach().clone() if isinstance(beta, torch.Tensor)
+            else torch.full((n_heads,), float(beta), device=next(module.parameters()).device)
         )
     return betas
 

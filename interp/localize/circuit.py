@@ -162,6 +162,7 @@ def answer_ids(model: Model, answers: Answers, n: int, what: str = "answer") -> 
         if token >= vocab:
             raise DataError(f"{where} is token id {token}, but this model's vocabulary has ids 0..{vocab - 1}.")
         ids.append(token)
+    # host: the user's token ids, one per prompt; their readers move them with each batch
     return torch.tensor(ids * (n if len(ids) == 1 else 1), dtype=torch.long)
 
 

@@ -119,7 +119,7 @@ class LogitAttribution(CheckedResult, ResultDisplay):
             "attention": (heads.sum(dim=1) + self.attn_bias.double().mean(dim=0)).numpy(),
             "mlp": self.mlp.double().mean(dim=0).numpy(),
             "top_head": top.numpy(),
-            "top_head_value": heads[torch.arange(len(top)), top].numpy(),
+            "top_head_value": heads[torch.arange(len(top), device=top.device), top].numpy(),
         }, index=pd.Index(layers, name="layer"))
 
     def to_frame(self) -> pd.DataFrame:
@@ -181,7 +181,7 @@ class FrozenNorm:
 
 
 def _token_column(value: TokenChoice, n: int, what: str) -> Tensor:
-    tokens = torch.as_tensor(value, dtype=torch.long).flatten()
+    tokens = torch.as_tensor(value, dtype=torch.long).flatten()  # host: the user's ids, checked here, moved per batch
     if tokens.numel() == 1:
         tokens = tokens.expand(n)
     if tokens.numel() != n:
@@ -190,7 +190,7 @@ def _token_column(value: TokenChoice, n: int, what: str) -> Tensor:
 
 
 def _positions(positions: int | Sequence[int], n: int) -> Tensor:
-    pos = torch.as_tensor(positions, dtype=torch.long).flatten()
+    pos = torch.as_tensor(positions, dtype=torch.long).flatten()  # host: checked against host lengths, moved per batch
     if pos.numel() == 1:
         pos = pos.expand(n)
     if pos.numel() != n:

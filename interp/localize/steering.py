@@ -168,7 +168,7 @@ def steer(
     (chosen_layer,) = hk.check_layers(model, [layer])
     addition = float(alpha) * _vector(model, vector)
     tokens = one_prompt(model, prompt).to(device_of(model))
-    check_context(model, torch.zeros(1, len(tokens) + steps, dtype=torch.long))
+    check_context(model, torch.zeros(1, len(tokens) + steps, dtype=torch.long, device=tokens.device))
     native = hk.native_model(model)
     block = follow(native, model.info.layers_path)[chosen_layer]
     with _adding(block, addition):

@@ -62,11 +62,11 @@ def ioi_task(tokenizer: Any, n: int = 16, seed: int = 0) -> IOITask:
     g = torch.Generator().manual_seed(seed)
     clean, corrupt, answers, wrongs = [], [], [], []
     for i in range(n):
-        a, b, c = (names[j] for j in torch.randperm(len(names), generator=g)[:3].tolist())
+        a, b, c = (names[j] for j in torch.randperm(len(names), generator=g)[:3].tolist())  # host: seeded CPU draw
         template = TEMPLATES[i % len(TEMPLATES)]
         clean.append(template.format(a=a, b=b, c=b))
         corrupt.append(template.format(a=a, b=b, c=c))
         answers.append(tokenizer.encode(" " + a, add_special_tokens=False)[0])
         wrongs.append(tokenizer.encode(" " + b, add_special_tokens=False)[0])
     return IOITask(examples_from_texts(clean, tokenizer), examples_from_texts(corrupt, tokenizer),
-                   torch.tensor(answers), torch.tensor(wrongs), tuple(names))
+                   torch.tensor(answers), torch.tensor(wrongs), tuple(names))  # host: token ids, as the examples

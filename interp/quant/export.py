@@ -217,7 +217,7 @@ def _tensors(grid: GroupGrid, layout: str) -> dict[str, Tensor]:
         "weight_packed": pack_int32(grid.levels, grid.bits),
         "weight_scale": grid.scale,
         "weight_zero_point": pack_int32(zero.T.contiguous(), grid.bits).T.contiguous(),  # packed along d_out
-        "weight_shape": torch.tensor(list(grid.levels.shape), dtype=torch.int64),
+        "weight_shape": torch.tensor(list(grid.levels.shape), dtype=torch.int64, device=grid.levels.device),
     }
 
 

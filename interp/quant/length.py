@@ -150,6 +150,7 @@ def save_tokens(path: Path, token_nll: Mapping[str, np.ndarray], meta: Mapping[s
 
     from interp.io import write_file
 
+    # host: numpy arrays bound for a safetensors file
     tensors = {name: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for name, v in token_nll.items()}
     write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata={"run": json.dumps(dict(meta))}))
 

@@ -314,4 +314,5 @@ def stored_weight(weight: torch.Tensor, ggml_type: str) -> torch.Tensor:
 
     blocks = quantize_blocks(weight.detach().float().cpu().numpy(), ggml_type)
     values = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[ggml_type.upper()])
-    return torch.from_numpy(values.reshape(weight.shape).copy())
+    # host: gguf quantizes in numpy; the dequantized weight goes back to the weight's device, once
+    return torch.from_numpy(values.reshape(weight.shape).copy()).to(weight.device)

@@ -417,6 +417,8 @@ def _fused_qkv_rows(model: Model, layout: str, d_out: int) -> dict[str, slice | 
     n_heads, d_head = int(model.cfg.n_heads), int(getattr(info, "d_head", 0) or model.cfg.d_head)
     n_kv = int(getattr(info, "n_kv_heads", 0) or n_heads)
     if layout == "per_head":  # rows [head, (q, k, v), d_head]
+        # the weight may be offloaded (meta): read() and write_rows() move these indices to the matrix's device
+        # host: row indices of a fused weight, kept with its module
         base = torch.arange(n_heads)[:, None] * 3 * d_head + torch.arange(d_head)[None, :]
         return {role: (base + i * d_head).flatten() for i, role in enumerate("qkv")}
     q, kv = n_heads * d_head, n_kv * d_head

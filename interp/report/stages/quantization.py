@@ -22,7 +22,7 @@ def stage_quantization(ctx: ReportContext) -> StageOutput:
     ctx.main_only()
     with ScoreStore(ctx.out / "scores.sqlite") as store:
         nll = store.nll_frame().reindex(errors.index)
-    ref = torch.tensor(nll["reference"].to_numpy())
+    ref = torch.tensor(nll["reference"].to_numpy())  # host: scores read from the SQLite store
     rows, timing = [], []
     for spec in errors.columns:
         info = setup(ctx).quant_info(spec)  # the cache's record: no model load
@@ -30,7 +30,7 @@ def stage_quantization(ctx: ReportContext) -> StageOutput:
         rows.append({"method": spec, "role": "headline (3-bit)" if bits <= 3 else "re-gridding (4-bit onto 4-bit)",
                      "mean error (nats)": float(errors[spec].mean()),
                      "median error": float(errors[spec].median()), "max error": float(errors[spec].max()),
-                     "perplexity": perplexity(torch.tensor(nll[spec].to_numpy())),
+                     "perplexity": perplexity(torch.tensor(nll[spec].to_numpy())),  # host: as ref above
                      "reference perplexity": perplexity(ref)})
         timing.append({"method": spec, "seconds per layer": info.seconds_per_layer,
                        "total seconds": info.seconds_per_layer * ctx.model.info.n_layers})
