@@ -99,6 +99,27 @@ def test_cache_key_follows_source_hash(tmp_path, monkeypatch):
     assert not cached.exists() or not any(models._manifest_ok(p) for p in cached.iterdir())
 
 
+def test_a_full_disk_in_the_model_cache_is_one_resource_error(tmp_path, monkeypatch):
+    """safetensors' own error type (not an OSError) from inside save_pretrained, while a GGUF is converted into
+    the cache, is one ResourceError naming the cache folder; nothing half-written is left there."""
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    from interp.errors import ResourceError
+
+    def full(*args, **kwargs):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No '
+                              'space left on device" })')
+
+    gguf = models._bundled_gguf("smollm2-135m")
+    monkeypatch.setenv("INTERP_CACHE", str(tmp_path))
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+    with pytest.raises(ResourceError, match=rf"Could not write {tmp_path}/models/.*: the disk is full") as caught:
+        models.converted_folder(gguf)
+    assert "\n" not in str(caught.value)
+    assert [p.name for p in (tmp_path / "models").iterdir()] == []
+
+
 def test_hf_folder_loads(smol, tmp_path):
     tiny = interp.tiny_model("llama", seed=3)
     models.export_hf(tiny, tmp_path)
