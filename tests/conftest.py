@@ -20,6 +20,32 @@ import float64_attention  # noqa: E402  (after the environment above)
 float64_attention.install()  # float64 test models keep their attention softmax in float64
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="the device the device suite runs on (cpu, cuda, cuda:N; default cpu): "
+                          "pytest --device cuda -m device_suite (tests/test_device_suite.py)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "device_suite: runs on the device --device names, checked against the CPU "
+                                       "float32 result (tests/test_device_suite.py)")
+
+
+@pytest.fixture(scope="session")
+def device(request):
+    """The torch device of ``--device`` (default ``cpu``); a device this machine lacks stops the run with why."""
+    name = request.config.getoption("--device")
+    try:
+        chosen = torch.device(name)
+    except (RuntimeError, ValueError):
+        pytest.exit(f"--device {name!r} is not a torch device; use cpu, cuda or cuda:N", returncode=4)
+    if chosen.type == "cuda" and not (torch.cuda.is_available() and (chosen.index or 0) < torch.cuda.device_count()):
+        pytest.exit(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)", returncode=4)
+    if chosen.type not in ("cpu", "cuda"):
+        pytest.exit(f"--device {name}: the device suite runs on cpu or cuda", returncode=4)
+    return chosen
+
+
 @pytest.fixture(scope="session")
 def smol():
     """The bundled SmolLM2-135M (converted once into the user cache, then loaded in ~2 s)."""

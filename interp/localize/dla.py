@@ -62,6 +62,7 @@ from interp.errors import DataError, InterpError
 from interp.models import Model, model_name
 from interp.results import CheckedResult, distinct_answers
 from interp.runtime import hooks as hk
+from interp.runtime import placement
 from interp.runtime.batching import batches, check_examples, device_of, show_progress
 
 TokenChoice = int | Sequence[int] | Tensor
@@ -161,7 +162,7 @@ class FrozenNorm:
         centred = isinstance(module, torch.nn.LayerNorm)
         eps = getattr(module, "variance_epsilon", None)
         eps = float(getattr(module, "eps", 1e-6) if eps is None else eps)
-        weight = module.weight.detach().to(x.dtype)
+        weight = module.weight.detach().to(x.device, x.dtype)
         gamma = weight + offset if (offset and not centred) else weight
         bias = getattr(module, "bias", None)
         y = x - x.mean(dim=-1, keepdim=True) if centred else x
@@ -311,13 +312,16 @@ def _batch(model: Model, tokens: Tensor, rows: Tensor, targets: Tensor, others: 
     heads, attn_bias, mlp = [], [], []
     for layer in range(hk.n_layers(model)):
         z = store[f"z{layer}"]  # [B, head, d_head]
-        result = torch.einsum("bhd,hmd->bhm", z, hk.per_head_w_o(model, layer).to(z.dtype))
-        bias = getattr(hk.linear_weights(model, layer)["o"].module, "bias", None)
-        o_bias = bias.detach().to(z.dtype) if isinstance(bias, Tensor) else torch.zeros_like(result[:, 0])
-        o_bias = o_bias.expand_as(result[:, 0])
-        if post_norms:  # the attention output's own norm, frozen at the o_proj output of this forward
-            post = FrozenNorm.at(hk.blocks(model)[layer].post_attention_layernorm, result.sum(dim=1) + o_bias, offset)
-            result, o_bias = post.linear(result), post.linear(o_bias) + (post.beta if post.beta is not None else 0)
+        with placement.onloaded(model, [layer]):  # a block offloaded by a device map: its weights, not meta
+            result = torch.einsum("bhd,hmd->bhm", z, hk.per_head_w_o(model, layer).to(z.device, z.dtype))
+            bias = getattr(hk.linear_weights(model, layer)["o"].module, "bias", None)
+            bias = bias.detach().to(z.device, z.dtype) if isinstance(bias, Tensor) else None
+            o_bias = bias if bias is not None else torch.zeros_like(result[:, 0])
+            o_bias = o_bias.expand_as(result[:, 0])
+            if post_norms:  # the attention output's own norm, frozen at the o_proj output of this forward
+                post = FrozenNorm.at(hk.blocks(model)[layer].post_attention_layernorm, result.sum(dim=1) + o_bias,
+                                     offset)
+                result, o_bias = post.linear(result), post.linear(o_bias) + (post.beta if post.beta is not None else 0)
         heads.append(through_final(result))
         attn_bias.append(through_final(o_bias))
         mlp.append(through_final(store[f"down{layer}"]))

@@ -62,6 +62,7 @@ from interp.localize.patching.metrics import Metric
 from interp.localize.paths import Receiver, Sender, _capture, _checked_inputs, _out_point, _sender_hooks, _sender_points
 from interp.models import Model
 from interp.runtime import hooks as hk
+from interp.runtime import placement
 from interp.runtime.batching import batches, device_of
 
 _ATTENTION_NORMS = ("input_layernorm", "ln_1")
@@ -123,7 +124,9 @@ def _sender_deltas(model: Model, tokens: Tensor, senders: list[Sender], clean: d
                 continue
             dz = (hk.reader(model, "z", s.layer)(source[("z", s.layer)])
                   - hk.reader(model, "z", s.layer)(clean[("z", s.layer)]))[:, :, s.head]
-            deltas.append(dz @ hk.per_head_w_o(model, s.layer)[s.head].T.to(dz.dtype))
+            with placement.onloaded(model, [s.layer]):  # a block offloaded by a device map: its weights, not meta
+                w_o = hk.per_head_w_o(model, s.layer)[s.head].to(dz.device, dz.dtype)
+            deltas.append(dz @ w_o.T)
         return deltas
     out: dict[int, Tensor] = {}
     with torch.no_grad(), model.hooks(fwd_hooks=_sender_hooks(model, senders, tokens.shape[0], clean, source, out)):
@@ -141,7 +144,8 @@ def _attention_norm(model: Model, layer: int) -> Callable[[Tensor], Tensor]:
 
 def _projection(model: Model, layer: int, kind: str) -> Tensor:
     """``[heads, d_head, d_model]``: the q / k / v projection weight split by (key/value) head."""
-    weight = hk.linear_weights(model, layer)[kind].read().detach()
+    with placement.onloaded(model, [layer]):  # a block offloaded by a device map: its weights, not meta
+        weight = hk.linear_weights(model, layer)[kind].read().detach().clone()
     return weight.reshape(-1, hk._dims(model)["d_head"], weight.shape[-1])
 
 

@@ -66,7 +66,9 @@ class AttentionPatterns(CheckedResult, ResultDisplay):
         if self.pattern.ndim != 4 or self.pattern.numel() == 0:
             return None
         sums = self.pattern.double().sum(-1)
-        bad = ((sums - 1).abs() > row_sum_tolerance(self.pattern)) | bool((self.pattern < 0).any())
+        # the rounding of the dtype the model computed the pattern in (a bfloat16 model's, before it was widened)
+        limit = max(float(self.settings.get("row_sum_tolerance", 0.0)), row_sum_tolerance(self.pattern))
+        bad = ((sums - 1).abs() > limit) | bool((self.pattern < 0).any())
         if not bool(bad.any()):
             return None
         layer, head, query = (int(i) for i in bad.nonzero()[0].tolist())
@@ -88,6 +90,9 @@ def attention_patterns(model: Model, prompt: Prompts, layers: Sequence[int] | No
     chosen = hk.check_layers(model, layers)
     with torch.no_grad():
         store, _ = capture(model, tokens[None].to(device_of(model)), [("pattern", layer) for layer in chosen])
-    pattern = torch.stack([store[("pattern", layer)][0].float().cpu() for layer in chosen])
+    from interp.attention.metrics import row_sum_tolerance
+
+    computed = [store[("pattern", layer)][0] for layer in chosen]
+    pattern = torch.stack([p.float().cpu() for p in computed])
     return AttentionPatterns(pattern=pattern, layers=chosen, labels=token_labels(model, tokens),
-                             settings={"model": model_name(model)})
+                             settings={"model": model_name(model), "row_sum_tolerance": row_sum_tolerance(computed[0])})

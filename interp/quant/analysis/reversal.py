@@ -28,6 +28,7 @@ from interp.io import sanitize
 from interp.models import Model
 from interp.probes import REDUCERS
 from interp.runtime import hooks as hk
+from interp.runtime import placement
 from interp.runtime.batching import batches, show_progress
 from interp.runtime.swap import WeightStash, is_block_weights, swapped
 from interp.validate import checked
@@ -241,7 +242,8 @@ def reversal(
 def _outlier_table(reference: Model, layers: list[int], mean_abs: np.ndarray, n_outliers: int) -> pd.DataFrame:
     rows = []
     for li, layer in enumerate(layers):
-        gamma = hk.norm2_gamma(reference, layer).abs().double().cpu().numpy()
+        with placement.onloaded(reference, [layer]):  # a block offloaded by a device map: its weights, not meta
+            gamma = hk.norm2_gamma(reference, layer).abs().double().cpu().numpy()
         top = np.argsort(-mean_abs[li], kind="stable")[:n_outliers]
         for rank, dim in enumerate(top):
             rows.append({"layer": layer, "rank": rank + 1, "dim": int(dim), "mean_abs_r": float(mean_abs[li, dim]),
