@@ -166,8 +166,8 @@ def steer(
     """
     steps = count(max_new_tokens, "max_new_tokens")
     (chosen_layer,) = hk.check_layers(model, [layer])
-    addition = float(alpha) * _vector(model, vector)
     tokens = one_prompt(model, prompt).to(device_of(model))
+    addition = (float(alpha) * _vector(model, vector)).to(tokens.device)  # once, not at every generated token
     check_context(model, torch.zeros(1, len(tokens) + steps, dtype=torch.long, device=tokens.device))
     native = hk.native_model(model)
     block = follow(native, model.info.layers_path)[chosen_layer]

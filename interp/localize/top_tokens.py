@@ -136,8 +136,11 @@ def lens_top_tokens(
         if missing:
             raise InterpError(f"This tuned lens has no translator for layers {missing}; fit it on this model "
                               "(fit_tuned_lens) or pass layers= it covers.")
+    device = device_of(model)
+    if lens is not None:  # its translators move to the model once, not at every layer
+        lens = TunedLens(lens.weight.to(device), lens.bias.to(device), lens.layers, lens.settings)
     with torch.no_grad():
-        store, _ = capture(model, tokens[None].to(device_of(model)), [("resid_post", layer) for layer in chosen])
+        store, _ = capture(model, tokens[None].to(device), [("resid_post", layer) for layer in chosen])
         ids, probs = [], []
         for layer in chosen:
             resid = store[("resid_post", layer)][0]
