@@ -209,8 +209,9 @@ def test_non_finite_target_weights_are_refused_and_the_reference_restored(trio, 
 def test_a_shared_stash_writes_each_block_once(trio, rows, monkeypatch, tmp_path):
     reference, quantized, weights = trio
     written: list[str] = []
-    real = swap.save_file
-    monkeypatch.setattr(swap, "save_file", lambda tensors, path: (written.append(Path(path).name), real(tensors, path)))
+    real = swap.write_safetensors
+    monkeypatch.setattr(swap, "write_safetensors",
+                        lambda path, tensors, **kw: (written.append(Path(path).name), real(path, tensors, **kw)))
     jobs = P.single_layer_patches(["gate"], [2])
     with WeightStash(reference, tmp_path) as stash:
         # three batches in each call, two calls (as interp patch calls patch once per batch)
