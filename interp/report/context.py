@@ -135,7 +135,6 @@ class ReportContext:
     """
 
     def __init__(self, settings: ReportSettings, out: Path, progress: bool | None) -> None:
-        from interp.report.shards import Sharding
         from interp.runtime.distributed import world
 
         self.settings = settings
@@ -144,8 +143,14 @@ class ReportContext:
         self.progress = progress if self.rank == 0 else False
         self.cache: dict[str, Any] = {}
         self._main_only = False
-        self.shards = Sharding(out / "parts", {"report": self.key}, settings.batch_size,
-                               progress=self.progress, everywhere=True)
+
+    @cached_property
+    def shards(self) -> Any:
+        """The stages' batched steps (:class:`interp.report.shards.Sharding`), their parts reused under :attr:`key`."""
+        from interp.report.shards import Sharding
+
+        return Sharding(self.out / "parts", {"report": self.key}, self.settings.batch_size, progress=self.progress,
+                        everywhere=True)
 
     @cached_property
     def inputs(self) -> dict[str, str]:
