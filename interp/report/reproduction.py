@@ -6,25 +6,8 @@ Every finding the report reproduces is declared here once, before anything is me
 - the statistic measured here, always with a 95% interval when one can be computed;
 - a criterion, fixed in code, that turns the statistic and its interval into one verdict.
 
-**The verdicts.** No verdict reads a point estimate when an interval exists, and a wider interval
-can never earn a stronger verdict:
-
-- ``as strong as the paper``: the whole interval lies at or beyond the paper's level (for a
-  claim of direction only: the whole interval lies on the claimed side of the null);
-- ``consistent with the paper``: the interval excludes the null and contains the paper's level;
-- ``weaker than the paper``: the effect is present (the null is excluded) but the whole interval
-  falls short of the paper's level;
-- ``not shown``: the null (or an edge of the claimed band) lies inside the interval; the reason
-  says so, and says "underpowered" with the sample size that would be needed where that is known;
-- ``contradicted``: the whole interval lies on the other side (the reason says what happened, e.g.
-  "the patch makes the model worse");
-- ``not testable here``, with the reason; ``by construction``.
-
-Each verdict asserts a set of conclusions (:data:`CONCLUSIONS`): "as strong" asserts that the
-effect is present and at the paper's level, "weaker" that it is present and below that level,
-"consistent" only that it is present, "contradicted" that it lies on the other side, and "not
-shown" nothing. Widening an interval around the same point can only remove conclusions; the
-property test in ``tests/test_reproduction.py`` checks this for every rule.
+**The verdicts** (what each asserts, and why a wider interval never earns a stronger one) are
+defined in :mod:`interp.report.verdicts`, with the :class:`Measurement` a rule reads.
 
 **The levels** come from the papers' own numbers (the paper's weakest model where it reports
 several); the few thresholds that are this project's own (:data:`LITTLE`, :data:`EARLY_EXIT_SHARE`)
@@ -39,46 +22,33 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Literal
 
 import pandas as pd
 import scipy.stats as sps
 
+from interp.report.verdicts import (  # noqa: F401 (the claims' vocabulary, importable from here as before)
+    AS_STRONG,
+    BY_CONSTRUCTION,
+    CONCLUDING,
+    CONCLUSIONS,
+    CONSISTENT,
+    CONTRADICTED,
+    DIAGNOSTIC,
+    INSTANCE_LIMITED,
+    NOT_SHOWN,
+    NOT_TESTABLE,
+    TOO_FEW,
+    VERDICTS,
+    WEAKER,
+    Claim,
+    Judgement,
+    Measurement,
+    Rule,
+    Verdict,
+    measurement_from_dict,
+    measurement_to_dict,
+)
 from interp.stats import MIN_INSTANCES, Estimate
-
-Verdict = Literal["diagnostic (no verdict)",
-                  "as strong as the paper", "present; level not resolved", "weaker than the paper", "not shown",
-                  "contradicted", "not testable here", "by construction", "too few examples for a verdict",
-                  "instance-limited"]
-AS_STRONG: Verdict = "as strong as the paper"
-CONSISTENT: Verdict = "present; level not resolved"  # was "consistent with the paper" (registration 1)
-WEAKER: Verdict = "weaker than the paper"
-NOT_SHOWN: Verdict = "not shown"
-CONTRADICTED: Verdict = "contradicted"
-NOT_TESTABLE: Verdict = "not testable here"
-BY_CONSTRUCTION: Verdict = "by construction"
-TOO_FEW: Verdict = "too few examples for a verdict"  # the measurement is shown; its interval decides nothing
-DIAGNOSTIC: Verdict = "diagnostic (no verdict)"  # shown beside a claim; the paper makes no such claim
-INSTANCE_LIMITED: Verdict = "instance-limited"  # fewer than 3 calibrated instances: the instance component is unknown
-VERDICTS: tuple[Verdict, ...] = (AS_STRONG, CONSISTENT, WEAKER, NOT_SHOWN, CONTRADICTED, NOT_TESTABLE,
-                                 BY_CONSTRUCTION, TOO_FEW, INSTANCE_LIMITED, DIAGNOSTIC)
-# What each verdict asserts. A wider interval must never add to this set (the monotonicity property).
-CONCLUSIONS: dict[str, frozenset[str]] = {
-    AS_STRONG: frozenset({"present", "at the paper's level"}),
-    CONSISTENT: frozenset({"present"}),
-    WEAKER: frozenset({"present", "below the paper's level"}),
-    NOT_SHOWN: frozenset(),
-    CONTRADICTED: frozenset({"the other side"}),
-    NOT_TESTABLE: frozenset(),
-    BY_CONSTRUCTION: frozenset(),
-    TOO_FEW: frozenset(),
-    INSTANCE_LIMITED: frozenset(),
-    DIAGNOSTIC: frozenset(),
-}
-
-# The verdicts that conclude something about the paper's level or direction (instance-limited withholds them)
-CONCLUDING = frozenset({AS_STRONG, CONSISTENT, WEAKER, NOT_SHOWN, CONTRADICTED})
 
 SAOBP_PAPER = "SAOBP (arXiv 2509.07324)"
 QUANT_PAPER = "Quantization errors (arXiv 2506.12044)"
@@ -132,45 +102,6 @@ MIN_SEEDS = 3
 # "too few examples for a verdict" (:func:`judge`).
 MIN_EXAMPLES = 10
 POWER_EFFECTS = (0.01, 0.02, 0.05)  # loss differences (nats/token) the seed count is sized for
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """What a stage measured for one claim.
-
-    Attributes:
-        estimates: the named statistics the claim's rule reads.
-        text: the "measured here" cell, in words.
-        untestable: why the claim cannot be tested here (then the rule is not applied).
-    """
-
-    estimates: dict[str, Estimate] = field(default_factory=dict)
-    text: str = ""
-    untestable: str | None = None
-
-
-@dataclass(frozen=True)
-class Judgement:
-    verdict: Verdict
-    reason: str
-
-
-Rule = Callable[[Measurement], Judgement]
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One pre-registered finding."""
-
-    key: str
-    paper: str
-    claim: str
-    paper_value: str
-    statistic: str
-    criterion: str
-    rule: Rule
-    model_independent: bool = False  # measured once for every model (the SAOBP training logs)
-    min_n: int = 0  # the fewest examples its intervals may resample (0: not counted in examples)
 
 
 CLAIMS: dict[str, Claim] = {}
@@ -682,25 +613,6 @@ def judge(key: str, measurement: Measurement | None) -> Judgement:
     return judgement
 
 
-def comparison(key: str, measurement: Measurement | None) -> str:
-    """One sentence comparing this run's ``measurement`` with the paper, by claim ``key``'s pre-registered rule.
-
-    The same :func:`judge` the report's reproduction table applies, so a notebook and the report say the same
-    thing about the same numbers (the verdict, and why).
-
-    Example:
-        >>> from interp.stats import Estimate
-        >>> m = Measurement({"pearson": Estimate(0.9, 0.85, 0.94, 48)}, "0.90 [0.85, 0.94] over 3 pairs")
-        >>> print(comparison("agreement", m))  # doctest: +ELLIPSIS
-        Quantization errors (arXiv 2506.12044) found that ...; here 0.90 [0.85, 0.94] over 3 pairs: as strong as ...
-    """
-    c = CLAIMS[key]
-    j = judge(key, measurement)
-    measured = measurement.text if measurement is not None and measurement.text else "nothing measured"
-    return f"{c.paper} found that {c.claim[:1].lower()}{c.claim[1:]} ({c.paper_value}); here {measured}: " \
-           f"{j.verdict} ({j.reason})."
-
-
 COLUMNS = ["paper", "claim", "paper value", "statistic", "criterion", "measured here", "verdict", "why"]
 
 
@@ -718,98 +630,15 @@ def reproduction_frame(measurements: Mapping[str, Measurement], keys: list[str] 
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def measurement_to_dict(m: Measurement) -> dict[str, object]:
-    """JSON-ready form of a measurement (stages store it in ``numbers.json``)."""
-    return {"estimates": {k: [e.value, e.low, e.high, e.n] for k, e in m.estimates.items()}, "text": m.text,
-            "untestable": m.untestable}
+def __getattr__(name: str) -> object:
+    """The side-by-side comparison of finished reports, still importable from here: it lives in
+    :mod:`interp.report.compare`, which reads this module's claims (looked up on use, so the two import no cycle)."""
+    if name in ("comparison", "side_by_side", "markdown_table", "main"):
+        import importlib
+
+        return getattr(importlib.import_module("interp.report.compare"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def measurement_from_dict(d: Mapping[str, object]) -> Measurement:
-    raw = d.get("estimates") or {}
-    assert isinstance(raw, dict)
-
-    def num(v: object) -> float:
-        return math.nan if v is None else float(v)  # type: ignore[arg-type]
-
-    estimates = {k: Estimate(num(v[0]), num(v[1]), num(v[2]), None if v[3] is None else int(v[3]))
-                 for k, v in raw.items()}
-    untestable = d.get("untestable")
-    return Measurement(estimates, str(d.get("text", "")), None if untestable is None else str(untestable))
-
-
-def side_by_side(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """Several columns' reproduction tables, row by row: claim, the paper's value, then each column's
-    measurement and verdict, and a summary across columns.
-
-    A claim measured independently of the model (the SAOBP training logs) is counted once: its
-    measurement and verdict appear in the first column, and the other columns point there.
-    """
-    names = list(tables)
-    first = next(iter(tables.values()))
-    out = first[["paper", "claim", "paper value"]].copy()
-    independent = {c.claim for c in CLAIMS.values() if c.model_independent}
-    once = f"counted once (model-independent: see {names[0]})"
-    for i, (name, table) in enumerate(tables.items()):
-        indexed = table.set_index("claim")
-
-        def cell(claim_text: str, column: str, missing: str, i: int = i, indexed: pd.DataFrame = indexed) -> str:
-            if i > 0 and claim_text in independent:
-                return once
-            return str(indexed.loc[claim_text, column]) if claim_text in indexed.index else missing
-
-        out[f"{name}: measured"] = [cell(c, "measured here", "not run") for c in out["claim"]]
-        out[f"{name}: verdict"] = [cell(c, "verdict", NOT_TESTABLE) for c in out["claim"]]
-
-    def across(row: pd.Series) -> str:
-        if row["claim"] in independent:
-            return f"{row[f'{names[0]}: verdict']} (once, model-independent)"
-        verdicts = [row[f"{n}: verdict"] for n in names]
-        phrases = []
-        for verdict in VERDICTS:
-            which = [n for n, v in zip(names, verdicts, strict=True) if v == verdict]
-            if which:
-                who = ("both" if len(names) == 2 else "all") if len(which) == len(names) else ", ".join(which)
-                phrases.append(f"{verdict} on {who}")
-        return "; ".join(phrases)
-
-    out["across columns"] = out.apply(across, axis=1)
-    return out
-
-
-def markdown_table(table: pd.DataFrame) -> str:
-    """A plain pipe table (pipes inside cells escaped)."""
-    def cell(v: object) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(cell(c) for c in table.columns) + " |", "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m interp.report.compare REPORT_DIR [REPORT_DIR ...] --out FOLDER``: the side-by-side table
-    of several finished reports (their ``tables/reproduction.csv``), as CSV and markdown."""
-    import argparse
-    import json
-    from pathlib import Path
-
-    parser = argparse.ArgumentParser(description="Compare the reproduction tables of finished reports.")
-    parser.add_argument("reports", nargs="+", help="report folders (each holds results.json)")
-    parser.add_argument("--out", required=True, help="folder for reproduction.csv and reproduction.md")
-    args = parser.parse_args(argv)
-    tables = {}
-    for folder in map(Path, args.reports):
-        results = json.loads((folder / "results.json").read_text())
-        tables[str(results["settings"]["model"])] = pd.DataFrame(results["reproduction"])
-    table = side_by_side(tables)
-    from interp.io import write_csv, write_text
-
-    out = Path(args.out)
-    write_csv(out / "reproduction.csv", table, index=False)
-    write_text(out / "reproduction.md", markdown_table(table.drop(columns=["paper"])))
-    print(table[["claim"] + [c for c in table.columns if c.endswith("verdict")] + ["across columns"]].to_string())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # python -m interp.report.compare is the command; this name still runs it
+    raise SystemExit(__getattr__("main")())  # type: ignore[operator]
