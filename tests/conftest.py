@@ -29,6 +29,9 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "device_suite: runs on the device --device names, checked against the CPU "
                                        "float32 result (tests/test_device_suite.py)")
+    # pytest-xdist registers it; a machine without xdist (the GPU image runs the device suite with plain pytest)
+    # would otherwise refuse the marker pytest_collection_modifyitems puts on every test under --strict-markers
+    config.addinivalue_line("markers", "xdist_group(name): run the tests of one group on one xdist worker")
 
 
 @pytest.fixture(scope="session")

@@ -197,7 +197,8 @@ def _aligned(tokens: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Ten
 
 
 def _rows(x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-    """``[batch, pos, ..., d_in]`` -> float32 ``[n_tokens, d_in]`` on x's device: every position, or those ``keep`` marks.
+    """``[batch, pos, ..., d_in]`` -> float32 ``[n_tokens, d_in]`` on x's device: every position, or those ``keep``
+    marks.
 
     The rows stay where the block computed them, so the quantizers' statistics (``X^T X``,
     ``mean |x|``) are formed there too (on the GPU for a model on a GPU).
