@@ -414,7 +414,7 @@ def write_many(paths: Sequence[str | os.PathLike[str]], produce: Callable[[list[
     folder = _make_temp(parent, targets[0].name)
     tmps = [folder / t.name for t in targets]
     try:
-        fd = os.open(folder / ".mode", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's file mode
+        fd = os.open(folder / f"{TOKEN_FILE}.mode", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's mode
         mode = stat.S_IMODE(os.fstat(fd).st_mode)
         os.close(fd)
         _fill(folder, lambda _: produce(tmps))

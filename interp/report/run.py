@@ -2,10 +2,11 @@
 
 The report runs in stages. Each stage computes tables, figures and numbers, and writes them
 to ``OUT/stages/<stage>/`` (CSV, plotly JSON, ``numbers.json``) followed by a ``done.json``
-marker holding the settings and the elapsed time. A rerun with the same settings loads
-finished stages from disk instead of recomputing them, so a killed report resumes where it
-stopped; per-example scoring inside a stage resumes from its SQLite store. Changing the
-settings (model, data, N, T, seed, methods) starts the stages over.
+marker holding the key of its inputs (:attr:`ReportContext.key`: the weights, tokenizer, data,
+code and settings, by content), where it was computed and the elapsed time. A rerun with the same
+inputs loads finished stages from disk instead of recomputing them, so a killed report resumes
+where it stopped; per-example scoring inside a stage resumes from its SQLite store. Changing any
+input, even at the same path, starts the stages and the scores over.
 
 Outputs:
 
