@@ -46,6 +46,10 @@ def device(request):
         pytest.exit(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)", returncode=4)
     if chosen.type not in ("cpu", "cuda"):
         pytest.exit(f"--device {name}: the device suite runs on cpu or cuda", returncode=4)
+    if chosen.type == "cuda":
+        # the suite's tolerances assume IEEE float32 matmuls and float32 accumulation of bfloat16 products
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     return chosen
 
 
