@@ -313,7 +313,7 @@ def _output_root(folder: Path) -> Path | None:
     return None
 
 
-def _entry(path: str | os.PathLike[str]) -> Path:
+def _entry(path: str | os.PathLike[str], make: bool = True) -> Path:
     """Where writing ``path`` puts a new entry, with the folders on the way made: the one place that keeps
     every write inside its output folder.
 
@@ -321,7 +321,7 @@ def _entry(path: str | os.PathLike[str]) -> Path:
     nothing is followed: a folder on the way that is a symbolic link is refused, and the last name is
     returned unresolved, so the file is renamed over whatever is there (a link is replaced, its target is
     left alone). A path in no output folder has its parent folder resolved, and its last name is likewise
-    replaced, never written through.
+    replaced, never written through. With ``make=False`` nothing is created (only the links are refused).
     """
     given = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
     if given.name in ("", ".", ".."):
@@ -329,7 +329,8 @@ def _entry(path: str | os.PathLike[str]) -> Path:
     root = _output_root(given.parent)
     if root is None:
         folder = resolve(given.parent)
-        _make_dirs(folder)
+        if make:
+            _make_dirs(folder)
         return folder / given.name
     folder = resolve(root)
     for part in given.parent.relative_to(root).parts:
@@ -337,6 +338,8 @@ def _entry(path: str | os.PathLike[str]) -> Path:
         try:
             info = os.lstat(folder)
         except FileNotFoundError:
+            if not make:
+                return resolve(given)  # nothing below exists, so no link either
             _make_dirs(folder)
             continue
         except OSError as exc:
@@ -788,6 +791,7 @@ def ensure_writable_dir(folder: str | Path) -> Path:
     """Create ``folder`` if needed (nothing is removed or replaced) and check that files can be written in it."""
     path = Path(folder)
     try:
+        _entry(path / TOKEN_FILE, make=False)  # inside an output, a link on the way is refused before anything
         path.mkdir(parents=True, exist_ok=True)
         # a probe file of this process's own: two processes checking one folder must not unlink each other's
         with tempfile.NamedTemporaryFile(dir=path, prefix=".interp-write-test-", delete=True) as probe_file:
