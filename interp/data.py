@@ -46,7 +46,7 @@ from interp.digests import cache_key, texts_digest
 from interp.errors import DataError
 from interp.reading import read_text
 from interp.typing import Tokens
-from interp.validate import checked, count
+from interp.validate import checked, checked_class, count, integer
 
 Split = Literal["eval", "calibration", "all"]
 CALIBRATION_FRACTION_DENOMINATOR = 8  # one document in 8 goes to the calibration split
@@ -60,6 +60,22 @@ class Document:
     text: str
 
 
+def _row_index(value: Any, name: str, arguments: dict[str, Any]) -> None:
+    """Row indices of ``self`` (``Examples.subset``): at least one integer in [-rows, rows), repeats allowed."""
+    rows = len(arguments["self"])
+    if isinstance(value, torch.Tensor):
+        if value.ndim != 1 or value.is_floating_point() or value.dtype == torch.bool:
+            raise DataError(f"{name} must be a 1-D integer tensor of row indices, got {value.dtype} of shape "
+                            f"{list(value.shape)}.")
+        value = value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+        raise DataError(f"{name} must be a non-empty list of row indices, got {value!r:.60}.")
+    for item in value:
+        if not -rows <= integer(item, name, error=DataError) < rows:
+            raise DataError(f"{name} {item} is out of range: these examples have {rows} rows (0..{rows - 1}).")
+
+
+@checked_class(index=_row_index)
 @dataclass(frozen=True)
 class Examples:
     """Fixed-length token rows, each BOS + the first ``T - 1`` tokens of one document.

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from interp.validate import NAMED, checked
+from interp.validate import NAMED, checked, checked_class
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -60,6 +60,7 @@ MANIFEST = "interp-manifest.json"
 CACHE_VERSION = 1
 
 
+@checked_class
 @dataclass(frozen=True)
 class ModelInfo:
     """What the analyses need to know about a loaded model.

@@ -27,7 +27,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -53,7 +52,7 @@ from interp.models import Model, model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import StopForward, batches, check_examples, check_memory, device_of, show_progress
 from interp.runtime.scoring import token_nll
-from interp.validate import checked
+from interp.validate import checked, checked_class
 
 # ---------------------------------------------------------------------------------------
 # Reducers: activation [batch, pos, ...] -> per-example values [batch, ...]
@@ -159,6 +158,7 @@ def _check_pair(component: str, reducer: str) -> None:
 # Result
 
 
+@checked_class
 @dataclass(frozen=True)
 class ProbeResult(ResultDisplay):
     """Per-layer, per-example statistics from :func:`probe`.
@@ -243,15 +243,25 @@ class ProbeResult(ResultDisplay):
 
     @classmethod
     def load(cls, folder: str | Path) -> "ProbeResult":
+        """A result :meth:`save` wrote. ``probe.json`` is read bounded (a pipe or device is refused) and checked
+        against its schema (:func:`interp.schema.conform`), the statistics against its layers and ids."""
+        from interp.reading import read_json
+        from interp.schema import conform
+
         folder = Path(folder)
-        try:
-            meta = json.loads((folder / "probe.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise DataError(f"{folder} holds no readable probe.json ({exc}): it is not a saved probe result "
-                            "(ProbeResult.save writes one).") from None
+        record = read_json(folder / "probe.json", "a saved probe result's probe.json (ProbeResult.save writes one)")
+        meta = conform(record, {"layers": "list[int]", "ids": "list[str]", "settings": "dict"},
+                       f"{folder / 'probe.json'}")
         raw = read_safetensors(folder / "stats.safetensors", "probe statistics")
         stats = {k.replace(".", "/", 1): v for k, v in raw.items()}
-        return cls(stats=stats, layers=meta["layers"], ids=meta["ids"], settings=meta["settings"])
+        bad = sorted(k for k in stats if k.count("/") != 1)
+        if bad:
+            raise DataError(f"{folder / 'stats.safetensors'} holds {bad[:3]}, which are not component.reducer "
+                            "statistics: it was not written by ProbeResult.save.")
+        try:
+            return cls(stats=stats, layers=meta["layers"], ids=meta["ids"], settings=meta["settings"])
+        except InterpError as exc:
+            raise DataError(f"{folder} is not a consistent saved probe result: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------

@@ -62,6 +62,36 @@ class CheckedResult:
         return None
 
 
+_LEAF = object()  # what _leaf returns for a value that holds other values (followed by non_finite)
+
+
+def _leaf(value: Any) -> Any:
+    """Where a tensor, array, frame or number holds NaN or inf (None: it does not); ``_LEAF`` for a container."""
+    kind = type(value).__name__
+    if kind in ("Tensor", "Parameter") and hasattr(value, "is_floating_point"):
+        if value.device.type == "meta" or value.numel() == 0 or not (value.is_floating_point() or value.is_complex()):
+            return None
+        bad = ~value.detach().isfinite()
+        return f"tensor {tuple(value.shape)}, at {bad.nonzero()[0].tolist()}" if bool(bad.any()) else None
+    if isinstance(value, (bool, int)):
+        return None
+    if isinstance(value, float) or kind in ("float64", "float32", "float16"):
+        return None if math.isfinite(float(value)) else repr(float(value))
+    if kind == "ndarray":
+        import numpy as np
+
+        if value.dtype.kind not in "fc" or value.size == 0 or np.isfinite(value).all():
+            return None
+        return f"array {value.shape}, at {[int(i) for i in np.argwhere(~np.isfinite(value))[0]]}"
+    if kind in ("DataFrame", "Series"):
+        numeric = value.select_dtypes("number") if kind == "DataFrame" else value
+        if kind == "Series" and value.dtype.kind not in "fc":
+            return None
+        inner = _leaf(numeric.to_numpy(dtype=float))
+        return None if inner is None else f"{kind} {inner}"
+    return _LEAF
+
+
 def non_finite(value: Any, depth: int = 0) -> str | None:
     """Where ``value`` holds NaN or inf (a short description), or None when all of it is finite.
 
@@ -72,32 +102,9 @@ def non_finite(value: Any, depth: int = 0) -> str | None:
     """
     if depth > _DEPTH:
         return None
-    kind = type(value).__name__
-    if kind in ("Tensor", "Parameter") and hasattr(value, "is_floating_point"):
-        if value.device.type == "meta" or value.numel() == 0 or not (value.is_floating_point() or value.is_complex()):
-            return None
-        bad = ~value.detach().isfinite()
-        if not bool(bad.any()):
-            return None
-        first = [int(i) for i in bad.nonzero()[0].tolist()]
-        return f"tensor {tuple(value.shape)}, at {first}"
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (float, int)) or kind in ("float64", "float32", "float16"):
-        return None if isinstance(value, int) or math.isfinite(float(value)) else repr(float(value))
-    if kind == "ndarray":
-        if value.dtype.kind not in "fc" or value.size == 0:
-            return None
-        import numpy as np
-
-        bad = ~np.isfinite(value)
-        return None if not bad.any() else f"array {value.shape}, at {[int(i) for i in np.argwhere(bad)[0]]}"
-    if kind in ("DataFrame", "Series"):
-        numeric = value.select_dtypes("number") if kind == "DataFrame" else value
-        if kind == "Series" and value.dtype.kind not in "fc":
-            return None
-        inner = non_finite(numeric.to_numpy(dtype=float), depth + 1)
-        return None if inner is None else f"{kind} {inner}"
+    leaf = _leaf(value)
+    if leaf is not _LEAF:
+        return leaf
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         items = [(f".{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value)]
     elif isinstance(value, dict):
@@ -165,7 +172,8 @@ def check_result(result: Any, what: str | None = None) -> None:
             raise NonFiniteError(f"{name}.{field_name} has rows {shown} whose {value.shape[-1]} values are all equal: "
                                  "the ranking read from them (argmax, top-k) is arbitrary, not the model's. The "
                                  "model's final norm or head returns constants (its weights overflow or are zero).")
-    why = result.meaningless() if callable(getattr(result, "meaningless", None)) else None
+    rule = getattr(result, "meaningless", None)
+    why = rule() if callable(rule) else None
     if why:
         raise NonFiniteError(f"{name}: {why}")
 

@@ -408,6 +408,50 @@ def _tokens(many: bool) -> Rule:
     return rule
 
 
+def token_ids(value: Any, name: str, arguments: dict[str, Any]) -> None:
+    """A rule: token ids, one or one per row (repeats welcome), integers in the vocabulary of the model argument.
+
+    Example:
+        >>> token_ids([5, 5, 7], "target", {})
+        >>> token_ids([5, 0.5], "target", {})
+        Traceback (most recent call last):
+        ...
+        interp.errors.DataError: target must be an integer, got 0.5 (float). Pass a whole number such as 8.
+    """
+    size = _cfg(arguments, "d_vocab")
+    if _is_tensor(value):
+        if value.is_floating_point() or value.is_complex() or str(value.dtype) == "torch.bool" or value.ndim > 1:
+            raise DataError(f"{name} must hold integer token ids (one, or one per row), got a {value.dtype} tensor of "
+                            f"shape {list(value.shape)}.")
+        value = value.tolist()
+    items = [value] if is_integer(value) else value
+    if isinstance(items, (str, bytes, dict)) or not isinstance(items, Iterable) or not list(items):
+        raise DataError(f"{name} must be a token id or a non-empty list of them, got {_shown(value)} ({_kind(value)}).")
+    for item in items:
+        number = integer(item, name, minimum=0, error=DataError)
+        if size is not None and number >= size:
+            raise DataError(f"{name} holds token id {number}, but the model's vocabulary has ids 0..{size - 1}.")
+
+
+token_ids.always = True  # type: ignore[attr-defined]
+
+
+def integers(value: Any, name: str, arguments: dict[str, Any]) -> None:
+    """A rule: one integer or a non-empty list of them, repeats welcome (one position per row, say)."""
+    if _is_tensor(value):
+        if value.is_floating_point() or value.is_complex() or str(value.dtype) == "torch.bool" or value.ndim > 1:
+            raise DataError(f"{name} must hold integers, got a {value.dtype} tensor of shape {list(value.shape)}.")
+        value = value.tolist()
+    items = [value] if is_integer(value) else value
+    if isinstance(items, (str, bytes, dict)) or not isinstance(items, Iterable) or not list(items):
+        raise DataError(f"{name} must be an integer or a non-empty list of them, got {_shown(value)} ({_kind(value)}).")
+    for item in items:
+        integer(item, name, error=DataError)
+
+
+integers.always = True  # type: ignore[attr-defined]
+
+
 def _layers(value: Any, name: str, arguments: dict[str, Any]) -> None:
     n_layers = _cfg(arguments, "n_layers")
     if n_layers is not None:
@@ -766,8 +810,15 @@ def checked(fn: Callable[..., Any] | None = None, **rules: Rule) -> Any:
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
-            raise InterpError(f"{fn.__name__}(): {exc}. See help(interp.{fn.__name__}) for its arguments.") from None
-        check_arguments(fn, bound.arguments)
+            raise InterpError(f"{fn.__qualname__}(): {exc}. See help({fn.__module__}.{fn.__qualname__}) for its "
+                              "arguments.") from None
+        try:
+            check_arguments(fn, bound.arguments)
+        except InterpError as exc:
+            own = _OWN_ERRORS.get(inspect.unwrap(fn))
+            if own is None or isinstance(exc, own):
+                raise
+            raise own(str(exc)) from None
         return fn(*args, **kwargs)
 
     wrapper.__checked__ = True  # type: ignore[attr-defined]
@@ -775,3 +826,41 @@ def checked(fn: Callable[..., Any] | None = None, **rules: Rule) -> Any:
 
 
 _OWN_RULES: dict[Any, dict[str, Rule]] = {}
+_OWN_ERRORS: dict[Any, type[InterpError]] = {}  # a class whose every refusal is its own kind (SpecError)
+
+
+def checked_class(cls: Any = None, *, error: type[InterpError] | None = None, **rules: Rule) -> Any:
+    """Decorate a public class so that its constructor and every public method check their arguments (:func:`checked`).
+
+    Put it above ``@dataclass`` (whose ``__init__`` it then wraps); ``rules`` apply to every method, as in ``checked``;
+    ``error`` makes every refusal that class of :class:`~interp.errors.InterpError` (a spec's are SpecErrors).
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @checked_class
+        ... @dataclass(frozen=True)
+        ... class Pick:
+        ...     layer: int
+        ...     def shifted(self, by: int) -> int:
+        ...         return self.layer + by
+        >>> Pick(1).shifted(2)
+        3
+        >>> Pick(0.5)
+        Traceback (most recent call last):
+        ...
+        interp.errors.ComponentError: layer must be an integer, got 0.5 (float). Pass a whole number such as 8.
+    """
+    if cls is None:
+        return lambda klass: checked_class(klass, error=error, **rules)
+    for name, member in list(vars(cls).items()):
+        if name.startswith("_") and name != "__init__":
+            continue
+        function = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+        if not inspect.isfunction(function) or getattr(function, "__checked__", False):
+            continue
+        if error is not None:
+            _OWN_ERRORS[inspect.unwrap(function)] = error
+        wrapped = checked(function, **rules)
+        setattr(cls, name, type(member)(wrapped) if isinstance(member, (classmethod, staticmethod)) else wrapped)
+    cls.__checked__ = True
+    return cls

@@ -174,3 +174,56 @@ def test_merge_is_idempotent_and_resumes_a_killed_shard(tmp_path: Path) -> None:
         nll = st.nll_frame(ids=ex.ids)
     single = score(model, SPECS[:1], ex, store=tmp_path / "single", batch_size=BATCH, progress=False)
     assert (errors[single.columns] - single).abs().to_numpy().max() <= _mean_tol(nll, means=2)
+
+
+# ---------------------------------------------------------------------------------------
+# torchrun's variables are read strictly (interp.runtime.torchrun.world): empty, half-set or inconsistent ones are
+# a clear error, never a silent rank 0 of 1
+
+
+@pytest.mark.parametrize("env, fragment", [
+    ({"RANK": "1", "WORLD_SIZE": ""}, "WORLD_SIZE='' is not a whole number"),
+    ({"RANK": "", "WORLD_SIZE": "2"}, "RANK='' is not a whole number"),
+    ({"RANK": "1"}, "WORLD_SIZE missing"),
+    ({"WORLD_SIZE": "2"}, "RANK missing"),
+    ({"LOCAL_RANK": "0"}, "RANK and WORLD_SIZE missing"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "disagree"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "disagree"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, "not a whole number"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "x"}, "LOCAL_RANK='x'"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "1"}, "disagree"),
+])
+def test_empty_or_half_set_torchrun_variables_are_a_clear_error(monkeypatch, env, fragment):
+    from interp.errors import InterpError
+    from interp.runtime.distributed import world
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(InterpError, match=fragment):
+        world()
+
+
+def test_the_command_line_reads_torchrun_variables_through_the_same_door(monkeypatch, capsys, tmp_path):
+    from interp.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "")
+    assert main(["quantize", "--method", "rtn:bits=3", "--out", "q"]) == 2
+    err = capsys.readouterr().err
+    assert "WORLD_SIZE='' is not a whole number" in err and "Traceback" not in err
+
+
+def test_complete_torchrun_variables_are_read(monkeypatch):
+    from interp.runtime.distributed import world
+
+    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    assert world() == (3, 1, 4)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name)
+    assert world() == (0, 0, 1)

@@ -111,6 +111,7 @@ def test_commands_that_do_not_shard_refuse_torchrun_before_loading(argv: list[st
                                                                    monkeypatch: pytest.MonkeyPatch,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")  # torchrun sets both (one without the other is refused)
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     err = capsys.readouterr().err

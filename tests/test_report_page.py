@@ -260,6 +260,7 @@ def test_lens_tuned_is_refused_before_a_model_loads_where_it_cannot_run(monkeypa
     with pytest.raises(InterpError, match="--lens tuned decodes the block outputs"):
         _check_lens(argparse.Namespace(lens="tuned", at="resid_mid"))
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")  # torchrun sets both (one without the other is refused)
     with pytest.raises(InterpError, match="one process"):
         _check_lens(argparse.Namespace(lens="tuned", at="resid_post"))
     _check_lens(argparse.Namespace(lens="logit", at="resid_mid"))  # the logit lens runs anywhere

@@ -219,10 +219,22 @@ def _poisoned(value: Any, path: tuple, poison: float, where: int) -> Any:
     return out
 
 
-def assert_result_refused(cls: type, fields: dict[str, Any], fragment: str) -> None:
-    """The property's inner check: making the result raises NonFiniteError naming ``fragment``."""
+def assert_result_refused(cls: type, fields: Any, fragment: str) -> None:
+    """The property's inner check: making the result (``fields``, or a function giving them) raises NonFiniteError
+    naming ``fragment``."""
     with pytest.raises(NonFiniteError, match=fragment):
-        cls(**fields)
+        cls(**(fields() if callable(fields) else fields))
+
+
+def _owner(cls: type, key: str, value: Any, path: tuple) -> str:
+    """``Class.field`` of the innermost result holding the entry at ``path`` (a RidgeProbe inside a probe result)."""
+    owner, attr, current = cls.__name__, key, value
+    for step in path:
+        if dataclasses.is_dataclass(current):
+            owner, attr, current = type(current).__name__, step, getattr(current, step)
+        else:
+            current = current[step]
+    return f"{owner}.{attr}"
 
 
 RESULT_NAMES = ("steer", "lens_top_tokens", "dla", "linear_probe", "attention_view", "imatrix")
@@ -249,8 +261,8 @@ def test_property_nan_or_inf_anywhere_in_a_result_is_refused(name):
            where=st.integers(0, 1000))
     def prop(slot, poison, where):
         key, path = slot
-        bad = {**fields, key: _poisoned(fields[key], path, poison, where)}
-        assert_result_refused(cls, bad, f"{cls.__name__}.{key} holds NaN or inf")
+        bad = lambda: {**fields, key: _poisoned(fields[key], path, poison, where)}  # noqa: E731 - made inside the check
+        assert_result_refused(cls, bad, f"{_owner(cls, key, fields[key], path)} holds NaN or inf")
 
     prop()
 
@@ -273,7 +285,7 @@ def test_with_the_one_place_switched_off_the_property_check_fails(monkeypatch):
     """With interp.results.check_result a no-op, the property's inner check fails for every result type: the
     refusals come from that one place."""
     monkeypatch.setattr("interp.results.check_result", lambda *args, **kwargs: None)
-    for name, (cls, fields) in _valid_results().items():
+    for cls, fields in _valid_results().values():
         key, path = next((k, p) for k, v in fields.items() for p in _float_slots(v))
         bad = {**fields, key: _poisoned(fields[key], path, math.nan, 0)}
         with pytest.raises(pytest.fail.Exception):
@@ -305,7 +317,7 @@ def test_the_public_functions_refuse_nan_and_equal_logits(scaled, tmp_path):
         interp.lens_top_tokens(scaled, "hello", k=3)
     with pytest.raises(NonFiniteError):
         interp.dla(nan, ["When Mary and John", "When John and Mary"], "M", "J")
-    with pytest.raises(NonFiniteError, match="LinearProbeResult"):
+    with pytest.raises(NonFiniteError, match="RidgeProbe.weight holds NaN"):  # the probe fitted on NaN activations
         interp.linear_probe(nan, prompts, [p[:3] for p in prompts], layers=[1])
     with pytest.raises(NonFiniteError, match="AttentionPatterns: query rows"):  # NaN scores came back as zeros
         interp.attention_view(nan, "abc", layers=[1])

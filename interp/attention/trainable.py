@@ -44,7 +44,7 @@ from transformers.models.llama.modeling_llama import eager_attention_forward, re
 
 from interp.attention.saobp import MODES, Mode, saobp
 from interp.errors import InterpError
-from interp.validate import checked
+from interp.validate import checked, checked_class
 
 ATTN_IMPLEMENTATION = "saobp"
 BETA_PARAM = "saobp_beta_raw"
@@ -60,6 +60,7 @@ __all__ = [
 ]
 
 
+@checked_class
 @dataclass
 class SAOBPConfig:
     """Where and how SAOBP refines attention in a trained model.

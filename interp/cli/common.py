@@ -263,7 +263,9 @@ def writing_out(args: argparse.Namespace) -> contextlib.AbstractContextManager[A
     """While a command runs, the ``--out`` folder :func:`check_out` claimed holds ``INCOMPLETE``
     (:func:`interp.io.writing`): a kill or a failure at any point leaves it saying so. Under torchrun
     only rank 0, which writes the outputs, marks it (another rank finishing first must not unmark it)."""
-    if check_out not in getattr(args, "checks", ()) or os.environ.get("RANK", "0") not in ("", "0"):
+    from interp.runtime.torchrun import world  # no torch: read before anything heavy
+
+    if check_out not in getattr(args, "checks", ()) or world()[0] != 0:
         return contextlib.nullcontext()
     from interp.io import writing  # imported on use, like every check here
 
@@ -291,7 +293,9 @@ SHARDED_COMMANDS = ("score", "probe", "attention", "lens", "patch", "report")
 def refuse_unsharded(name: str) -> None:
     """Under torchrun (``WORLD_SIZE > 1``) a command that does not split its work stops before it loads anything:
     every rank would repeat the whole run and write the same files."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
+    from interp.runtime.torchrun import world  # an empty or half-set torchrun environment is a clear error here
+
+    size = world()[2]
     if size > 1 and name not in SHARDED_COMMANDS:
         raise InterpError(f"interp {name} does not split its work over processes; started here with WORLD_SIZE={size}, "
                           "every rank would repeat the whole run and write the same files. Run it without torchrun. "
@@ -385,8 +389,11 @@ def load_model_from_args(args: argparse.Namespace) -> Any:
     device_map = getattr(args, "device_map", None)
     if device_map is None:
         device = args.device
-        if device == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: one GPU per rank
-            device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+        from interp.runtime.torchrun import world
+
+        _, local_rank, size = world()
+        if device == "cuda" and size > 1:  # torchrun: one GPU per rank
+            device = f"cuda:{local_rank}"
         return interp.load_model(args.model, dtype=getattr(torch, args.dtype), device=device)
     return interp.load_model(args.model, dtype=getattr(torch, args.dtype), device_map=device_map,
                              max_memory=args.max_memory, offload_folder=args.offload_folder)

@@ -193,7 +193,9 @@ def _check_store(args: argparse.Namespace) -> None:
 @command("score", "per-example quantization error NLL(quant) - NLL(ref) for several specs (resumable)",
          _score_args)
 def cmd_score(args: argparse.Namespace) -> int:
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: see interp/quant/distributed.py
+    from interp.runtime.torchrun import world
+
+    if world()[2] > 1:  # under torchrun: see interp/quant/distributed.py
         from interp.quant.distributed import cli_score
 
         return cli_score(args)

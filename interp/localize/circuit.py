@@ -54,7 +54,7 @@ from interp.models import Model
 from interp.runtime import hooks as hk
 from interp.runtime.batching import device_of
 from interp.validate import batch_size as _batch_size
-from interp.validate import checked, integer, is_integer
+from interp.validate import checked, count, integer, is_integer
 
 Prompts = str | Sequence[str] | Examples | Tensor
 Answers = str | int | Sequence[str | int] | Tensor
@@ -63,6 +63,7 @@ Answers = str | int | Sequence[str | int] | Tensor
 # Prompts and answers
 
 
+@checked
 def prompt_rows(model: Model, prompts: Prompts, what: str = "prompts") -> Examples:
     """``prompts`` as :class:`~interp.data.Examples` of ``model``'s tokenizer (strings get BOS and padding).
 
@@ -129,6 +130,8 @@ def one_token(tokenizer: Any, text: str, what: str = "answer") -> int:
                    f"is usually ' Paris', not 'Paris') or its token id.{hint}")
 
 
+@checked(answers=lambda value, name, arguments: None,  # strings or ids, checked below with their own words
+         n=lambda value, name, arguments: count(value, name) and None)
 def answer_ids(model: Model, answers: Answers, n: int, what: str = "answer") -> Tensor:
     """``[n]`` token ids: one answer for all ``n`` prompts or one per prompt, each a single-token string or an id.
 

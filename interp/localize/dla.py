@@ -64,6 +64,7 @@ from interp.results import CheckedResult, distinct_answers
 from interp.runtime import hooks as hk
 from interp.runtime import placement
 from interp.runtime.batching import batches, check_examples, device_of, show_progress
+from interp.validate import checked, integers, token_ids
 
 TokenChoice = int | Sequence[int] | Tensor
 
@@ -223,6 +224,7 @@ def _checked(model: Model, examples: Examples, target: TokenChoice, versus: Toke
     return targets, others, rows
 
 
+@checked(target=token_ids, versus=token_ids, positions=integers)  # one per row: repeats are welcome
 def logit_attribution(
     model: Model,
     examples: Examples,

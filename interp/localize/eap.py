@@ -64,6 +64,7 @@ from interp.models import Model
 from interp.runtime import hooks as hk
 from interp.runtime import placement
 from interp.runtime.batching import batches, device_of
+from interp.validate import checked
 
 _ATTENTION_NORMS = ("input_layernorm", "ln_1")
 
@@ -204,6 +205,7 @@ def _receiver_grads(model: Model, tokens: Tensor, embeds: Tensor, receivers: lis
     return out
 
 
+@checked
 def edge_attribution(
     model: Model,
     examples: Examples,

@@ -50,8 +50,9 @@ DEFAULT_RIDGE = 1e-2
 
 
 @dataclass(frozen=True)
-class RidgeProbe:
-    """A fitted probe: ``scores = x @ weight + bias``, prediction ``classes[scores.argmax()]``."""
+class RidgeProbe(CheckedResult):
+    """A fitted probe: ``scores = x @ weight + bias``, prediction ``classes[scores.argmax()]`` (finite: a probe fitted
+    on NaN activations is refused, :mod:`interp.results`)."""
 
     weight: Float[Tensor, "d classes"]
     bias: Float[Tensor, " classes"]
@@ -61,6 +62,7 @@ class RidgeProbe:
         return (x.double() @ self.weight + self.bias).argmax(dim=-1)
 
 
+@checked
 def fit_probe(x: Tensor, y: Tensor, n_classes: int, ridge: float = DEFAULT_RIDGE) -> RidgeProbe:
     """The closed-form ridge classifier on ``x [n, d]`` and class indices ``y [n]`` (float64).
 
@@ -73,6 +75,14 @@ def fit_probe(x: Tensor, y: Tensor, n_classes: int, ridge: float = DEFAULT_RIDGE
         >>> fit_probe(x, torch.tensor([0, 0, 1, 1]), 2).predict(x).tolist()
         [0, 0, 1, 1]
     """
+    if (x.ndim != 2 or not x.is_floating_point() or y.ndim != 1 or len(y) != len(x) or y.is_floating_point()
+            or y.dtype == torch.bool):
+        raise DataError(f"fit_probe takes x [n, d] (floats) and y [n] (integer class indices); got x {list(x.shape)} "
+                        f"({x.dtype}) and y {list(y.shape)} ({y.dtype}).")
+    if n_classes < 2 or len(y) == 0 or bool(((y < 0) | (y >= n_classes)).any()):
+        raise DataError(f"y must hold class indices in 0..{n_classes - 1} (n_classes >= 2), one per row of x.")
+    if ridge < 0:
+        raise DataError(f"ridge must be >= 0 (a weight on the penalty); got {ridge}.")
     x64 = x.double()
     targets = -torch.ones(len(y), n_classes, dtype=torch.float64, device=x.device)
     targets[torch.arange(len(y), device=x.device), y] = 1.0
@@ -81,7 +91,11 @@ def fit_probe(x: Tensor, y: Tensor, n_classes: int, ridge: float = DEFAULT_RIDGE
     gram = xc.T @ xc
     lam = ridge * float(torch.diagonal(gram).mean()) if float(torch.diagonal(gram).mean()) > 0 else ridge
     gram.diagonal().add_(lam)
-    weight = torch.linalg.solve(gram, xc.T @ yc)
+    try:
+        weight = torch.linalg.solve(gram, xc.T @ yc)
+    except torch.linalg.LinAlgError:
+        raise DataError("The probe's normal equations are singular (the activations are constant or collinear and "
+                        "ridge is 0): pass ridge > 0.") from None
     return RidgeProbe(weight=weight, bias=y_mean - x_mean @ weight)
 
 
@@ -176,8 +190,8 @@ def _check_question(labels: Any, test_fraction: float) -> None:
         values, n = list(labels), len(labels)
     floats = [v for v in values if isinstance(v, float) or type(v).__name__.startswith("float")]
     if floats:
-        raise DataError(f"labels are classes, but {floats[0]!r} is a float, so every distinct value would be a class of "
-                        "its own: pass ints, strings or bools (bin a continuous value first).")
+        raise DataError(f"labels are classes, but {floats[0]!r} is a float, so every distinct value would be a class "
+                        "of its own: pass ints, strings or bools (bin a continuous value first).")
     if any(not isinstance(v, Hashable) for v in values):
         bad = next(v for v in values if not isinstance(v, Hashable))
         raise DataError(f"labels must be hashable class names (ints, strings, bools); got {type(bad).__name__}.")

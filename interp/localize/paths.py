@@ -67,11 +67,13 @@ from interp.localize.patching.metrics import Metric, _metric
 from interp.models import Model, model_name
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of
+from interp.validate import checked, checked_class
 
 Receiver = tuple[int, int, str]  # (layer, head, "q" | "k" | "v")
 RECEIVER_INPUTS = ("q", "k", "v")
 
 
+@checked_class
 @dataclass(frozen=True)
 class Sender:
     """A path's start: an attention head (``kind="head"``, ``layer``, ``head``) or an MLP (``kind="mlp"``)."""
@@ -298,6 +300,7 @@ def _step3(model: Model, stacked: Tensor, b: int, senders: list[Sender], receive
         return model.original_model(input_ids=stacked).logits
 
 
+@checked
 def path_patch(
     model: Model,
     examples: Examples,

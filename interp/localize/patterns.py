@@ -34,6 +34,7 @@ from interp.results import CheckedResult
 from interp.runtime import hooks as hk
 from interp.runtime.batching import device_of
 from interp.runtime.capture import capture
+from interp.validate import checked
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class AttentionPatterns(CheckedResult, ResultDisplay):
                 "masked out, so the pattern is not an attention distribution.")
 
 
+@checked
 def attention_patterns(model: Model, prompt: Prompts, layers: Sequence[int] | None = None) -> AttentionPatterns:
     """Capture every head's attention pattern on one prompt (all layers, or ``layers``).
 

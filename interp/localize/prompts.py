@@ -32,11 +32,13 @@ from interp.errors import DataError
 from interp.localize.circuit import answer_ids, prompt_rows  # noqa: F401 (answer_ids: re-exported)
 from interp.models import Model
 from interp.runtime.batching import check_examples
+from interp.validate import checked, token_ids
 
 Prompts = Union[str, Sequence[str], Examples, Tensor]
 Answers = Union[str, int, Sequence[Union[str, int]], Tensor]
 
 
+@checked
 def as_examples(model: Model, prompts: Prompts, what: str = "prompts") -> Examples:
     """``prompts`` as checked Examples: a string or a list of strings (BOS added, padded with a mask),
     token rows ``[N, T]`` (or one row ``[T]``), or Examples as they are (:func:`interp.localize.circuit.prompt_rows`,
@@ -46,6 +48,7 @@ def as_examples(model: Model, prompts: Prompts, what: str = "prompts") -> Exampl
     return examples
 
 
+@checked
 def one_prompt(model: Model, prompt: Prompts) -> Tensor:
     """The real tokens ``[T]`` of a single prompt (a string, one row of ids, or one-row Examples)."""
     examples = as_examples(model, prompt, "prompt")
@@ -55,12 +58,14 @@ def one_prompt(model: Model, prompt: Prompts) -> Tensor:
     return row if examples.attention_mask is None else row[examples.attention_mask[0]]
 
 
+@checked(ids=token_ids)
 def token_strings(model: Model, ids: Sequence[int] | Tensor) -> list[str]:
     """Each token id decoded alone (what a figure labels it with)."""
     values = ids.tolist() if isinstance(ids, Tensor) else list(ids)
     return [model.tokenizer.decode([int(i)]) for i in values]
 
 
+@checked(ids=token_ids)
 def token_labels(model: Model, ids: Sequence[int] | Tensor) -> list[str]:
     """``"position:token"`` labels, unique even where a token repeats (a figure's axis needs that)."""
     return [f"{i}:{text}" for i, text in enumerate(token_strings(model, ids))]

@@ -50,10 +50,12 @@ from interp.runtime.batching import batches, check_context, show_progress
 from interp.runtime.capture import capture as capture_residuals
 from interp.runtime.readout import Readout
 from interp.schema import conform
+from interp.validate import checked, checked_class
 
 RIDGE = 1e-4  # lam relative to mean diagonal of the input Gram matrix: a tiny stabiliser only
 
 
+@checked_class
 @dataclass(frozen=True)
 class TunedLens:
     """Per-layer affine translators ``r_l -> A_l r_l + b_l`` into the head's input space.
@@ -108,6 +110,9 @@ class TunedLens:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TunedLens:
+        from interp.reading import regular_file
+
+        regular_file(path, "a saved tuned lens")  # a pipe or device is refused before anything reads it
         tensors = read_safetensors(path, "tuned lens")  # a truncated cache gets interp's error, not safetensors'
         with safe_open(str(path), framework="pt") as fh:
             meta = dict(fh.metadata() or {})
@@ -160,6 +165,7 @@ def capture_layers(model: Model, tokens: torch.Tensor, layers: Sequence[int]
     return [saved[("resid_post", layer)] for layer in layers], normed.detach()
 
 
+@checked
 def fit_tuned_lens(model: Model, examples: Examples, batch_size: int = 8, ridge: float = RIDGE,
                    progress: bool | None = None) -> TunedLens:
     """Fit one affine translator per layer by ridge-stabilised least squares (float64 normal equations).
@@ -222,6 +228,7 @@ def fit_tuned_lens(model: Model, examples: Examples, batch_size: int = 8, ridge:
     return TunedLens(torch.stack(weights).cpu(), torch.stack(biases).cpu(), layers, settings)  # saved from the host
 
 
+@checked
 def tuned_lens_cached(model: Model, calibration: Examples, cache_dir: str | os.PathLike[str], batch_size: int = 8,
                       progress: bool | None = None) -> TunedLens:
     """:func:`fit_tuned_lens`, cached as safetensors by (model hash, calibration rows, ridge)."""
@@ -240,6 +247,7 @@ def tuned_lens_cached(model: Model, calibration: Examples, cache_dir: str | os.P
     return lens
 
 
+@checked
 def tuned_early_exit(model: Model, lens: TunedLens, examples: Examples, batch_size: int = 8,
                      progress: bool | None = None) -> EarlyExitResult:
     """Per-layer, per-example NLL decoding ``A_l r_l + b_l`` with ``model``'s head (``at="resid_post"``).

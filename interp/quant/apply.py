@@ -74,7 +74,7 @@ from interp.quant.methods import LayerInputs, quantize_weight, relative_error
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
 from interp.runtime import hooks, placement
 from interp.runtime.batching import check_examples, device_of, kernels, show_progress
-from interp.validate import checked
+from interp.validate import checked, checked_class
 
 ROLES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 # Linear layers that read the same input, in the order the forward pass reaches them.
@@ -85,6 +85,7 @@ INFO_FILE = "quant.json"
 FORMAT_VERSION = 2  # 2: written whole and renamed once; the label carries the weights' SHA-256
 
 
+@checked_class
 @dataclass(frozen=True)
 class QuantInfo:
     """How a quantized model was made (attached to it as ``model.quant_info``).

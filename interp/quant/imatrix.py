@@ -46,6 +46,7 @@ from interp.quant.sensitivity import INPUT_GROUPS
 from interp.results import CheckedResult, check_values
 from interp.runtime import hooks
 from interp.runtime.batching import batches, check_examples, show_progress
+from interp.validate import checked
 
 __all__ = ["ImportanceMatrix", "importance_matrix", "read_imatrix", "write_imatrix"]
 
@@ -131,6 +132,7 @@ def _tensor_names(layer: int, roles: list[str], slots: Mapping[str, Any]) -> lis
     return [gguf_name(layer, r) for r in roles]
 
 
+@checked
 def importance_matrix(model: Model, examples: Examples, batch_size: int = 8, progress: bool | None = None,
                       datasets: tuple[str, ...] = ()) -> ImportanceMatrix:
     """llama.cpp's importance matrix of ``model``'s block linear weights over every position of ``examples``.
@@ -177,6 +179,7 @@ def importance_matrix(model: Model, examples: Examples, batch_size: int = 8, pro
     return ImportanceMatrix(out, {name: tokens for name in out}, examples.seq_len, tuple(datasets))
 
 
+@checked
 def write_imatrix(matrix: ImportanceMatrix, path: str | os.PathLike[str]) -> Path:
     """Write ``matrix`` as the GGUF file ``llama-imatrix`` writes (``llama-quantize --imatrix PATH`` reads it).
 
@@ -211,6 +214,7 @@ def write_imatrix(matrix: ImportanceMatrix, path: str | os.PathLike[str]) -> Pat
     return write_file(path, produce)
 
 
+@checked
 def read_imatrix(path: str | os.PathLike[str]) -> ImportanceMatrix:
     """Read an imatrix GGUF file (``llama-imatrix``'s or :func:`write_imatrix`'s).
 

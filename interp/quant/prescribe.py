@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 from interp.errors import SpecError
 from interp.quant.shapes import WeightShape
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
-from interp.validate import checked
+from interp.validate import checked, checked_class
 
 if TYPE_CHECKING:
     from interp.data import Examples
@@ -283,6 +283,7 @@ def choose_options_tail(losses: Any, costs: Sequence[Sequence[int]], capacity: i
 # Plans
 
 
+@checked_class(estimated_gain=lambda value, name, arguments: None)  # NaN: no gain estimated
 @dataclass(frozen=True)
 class Plan:
     """A bit width per block linear weight, and what it costs.

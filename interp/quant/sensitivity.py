@@ -40,14 +40,13 @@ Example:
     >>> model = interp.tiny_model("llama")
     >>> rows = interp.Examples.from_tokens(torch.randint(0, 256, (4, 12), generator=torch.Generator().manual_seed(0)))
     >>> result = sensitivity(model, "rtn:bits=2,group=32", rows, progress=False, cache=False)
-    >>> result.table().columns.tolist()
-    ['layer', 'role', 'weights', 'score', 'low', 'high']
+    >>> result.table().columns.tolist(), result.table(n_boot=20).columns.tolist()[-2:]
+    (['layer', 'role', 'weights', 'score'], ['low', 'high'])
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -62,7 +61,7 @@ from tqdm.auto import tqdm
 
 from interp import models, stats
 from interp.data import Examples
-from interp.errors import InterpError
+from interp.errors import DataError, InterpError
 from interp.io import ensure_writable_dir, sanitize, write_csv, write_json
 from interp.models import Model
 from interp.quant.apply import ROLES, cache_key, examples_hash, quantize, quantize_cached
@@ -72,6 +71,7 @@ from interp.runtime.batching import batches, check_examples, show_progress
 from interp.runtime.decoder import DecoderRunner
 from interp.runtime.readout import Readout
 from interp.runtime.scoring import row_mean
+from interp.validate import checked_class
 
 __all__ = ["Sensitivity", "sensitivity"]
 
@@ -80,6 +80,8 @@ TABLE_FILE = "sensitivity.csv"
 INFO_FILE = "sensitivity.json"
 
 
+@checked_class(layers=lambda value, name, arguments: None,  # one entry per weight: a layer and a size repeat
+               weights=lambda value, name, arguments: None)
 @dataclass(frozen=True)
 class Sensitivity:
     """Per-weight sensitivity: the NLL increase (nats) when only that weight is quantized with ``spec``.
@@ -127,14 +129,14 @@ class Sensitivity:
         return self.per_example.mean(axis=1)
 
     def table(self, n_boot: int = 0, seed: int = 0) -> pd.DataFrame:
-        """One row per weight: layer, role, size, score and (with ``n_boot``) a 95% bootstrap interval over examples."""
-        low = high = np.full(len(self.layers), np.nan)
+        """One row per weight: layer, role, size, score and, with ``n_boot``, a 95% bootstrap interval over examples
+        (``low``, ``high``; without resamples there is no interval, so no columns rather than NaN ones)."""
+        frame = pd.DataFrame({"layer": self.layers, "role": self.roles, "weights": self.weights, "score": self.scores})
         if n_boot:
             index = stats.bootstrap_indices(self.per_example.shape[1], n_boot, seed)
             boot = self.per_example[:, index].mean(axis=2)  # [weights, n_boot]
-            low, high = np.percentile(boot, 2.5, axis=1), np.percentile(boot, 97.5, axis=1)
-        return pd.DataFrame({"layer": self.layers, "role": self.roles, "weights": self.weights,
-                             "score": self.scores, "low": low, "high": high})
+            frame["low"], frame["high"] = np.percentile(boot, 2.5, axis=1), np.percentile(boot, 97.5, axis=1)
+        return frame
 
     def grid(self) -> pd.DataFrame:
         """Scores as a ``layer x role`` table (roles in forward order)."""
@@ -155,8 +157,17 @@ class Sensitivity:
 
     @classmethod
     def load(cls, folder: str | os.PathLike[str]) -> Sensitivity:
-        info = json.loads((Path(folder) / INFO_FILE).read_text())
-        frame = pd.read_csv(Path(folder) / TABLE_FILE)
+        """Scores :meth:`save` wrote: its JSON checked against a schema (:func:`interp.schema.conform`), both files
+        read only when they are regular files (a pipe or device is refused), the table's columns checked."""
+        from interp.reading import read_json, regular_file
+        from interp.schema import conform
+
+        info = conform(read_json(Path(folder) / INFO_FILE, "saved sensitivity scores"),
+                       {"spec": "str", "settings": "dict"}, str(Path(folder) / INFO_FILE))
+        frame = pd.read_csv(regular_file(Path(folder) / TABLE_FILE, "saved sensitivity scores"))
+        if not {"layer", "role", "weights"} <= set(frame.columns) or frame.shape[1] < 4:
+            raise DataError(f"{Path(folder) / TABLE_FILE} lacks the layer, role and weights columns and the "
+                            "per-example scores: it was not written by Sensitivity.save.")
         scores = frame.drop(columns=["layer", "role", "weights"]).to_numpy(dtype=np.float64)
         return cls(info["spec"], frame["layer"].astype(int).tolist(), frame["role"].astype(str).tolist(),
                    frame["weights"].astype(int).tolist(), scores, info["settings"])

@@ -42,7 +42,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from interp.errors import SpecError
-from interp.validate import checked
+from interp.validate import checked, checked_class
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -239,6 +239,8 @@ def _valid_keys(method: str) -> str:
     return ", ".join(["bits", "group", *METHODS[method].options])
 
 
+@checked_class(error=SpecError,  # a spec's refusals are SpecErrors; bits and group get __post_init__'s words
+               bits=lambda value, name, arguments: None, group=lambda value, name, arguments: None)
 @dataclass(frozen=True)
 class MethodSpec:
     """A validated quantizer spec.

@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 
 from interp import validate
 from interp.data import Examples
-from interp.errors import InterpError, NonFiniteError, SpecError
+from interp.errors import DataError, InterpError, NonFiniteError, SpecError
 from interp.io import connect_sqlite, ensure_writable_dir, write_parquet
 from interp.models import Model
 from interp.quant.apply import model_hash, quantize_cached
@@ -73,7 +73,7 @@ from interp.runtime.scoring import (
     token_nll_fn,
 )
 from interp.runtime.swap import WeightStash
-from interp.validate import checked
+from interp.validate import checked, checked_class
 
 REFERENCE = "reference"
 STORE_FILE = "scores.sqlite"
@@ -131,6 +131,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@checked_class(model=lambda value, name, arguments: None)  # a model's name here (str), not a model
 class ScoreStore:
     """A SQLite store of per-example NLL (and KL) by (model, spec, example).
 
@@ -370,6 +371,11 @@ class ScoreStore:
 
         ``rows`` are the :func:`interp.quant.store.row_hash` of each example's tokens (``""`` when unknown).
         """
+        for what, values in (("nll", nll), ("kl", kl), ("rows", rows)):
+            if values is not None and len(values) != len(ids):
+                raise DataError(f"write_batch needs one {what} value per id: {len(ids)} ids, {len(values)} values.")
+        if not ids:
+            raise DataError("write_batch needs at least one example id.")
         kl_values: Sequence[float | None] = kl if kl is not None else [None] * len(ids)
         hashes = list(rows) if rows is not None else [""] * len(ids)
         records = [(model, spec, str(i), h, float(v), None if k is None else float(k))

@@ -145,15 +145,21 @@ class Preregistration:
 
     @classmethod
     def load(cls, path: str | Path) -> "Preregistration":
-        raw = Path(path).read_bytes()
+        """The registration in ``path``: read bounded (a pipe or device is refused) and checked against the
+        dataclass's own fields as a schema (:func:`interp.schema.conform`: every key, each of its type)."""
+        from interp.reading import JSON_LIMIT, read_bytes
+        from interp.schema import conform, schema_of
+
+        raw = read_bytes(path, "a pre-registration", JSON_LIMIT, InterpError)
         try:
             d = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InterpError(f"{path} is not a pre-registration JSON file ({exc}).") from None
         fields = [f for f in cls.__dataclass_fields__ if f != "sha256" and (f in d or f not in cls.OPTIONAL)]
-        missing = [f for f in fields if f not in d]
+        missing = [f for f in fields if f not in d] if isinstance(d, dict) else []
         if missing:
             raise InterpError(f"{path} lacks the pre-registration field(s) {', '.join(missing)}.")
+        d = conform(d, schema_of(cls, skip=("sha256",)), f"{path} (a pre-registration)", InterpError, cls.OPTIONAL)
         values: dict[str, Any] = {f: tuple(d[f]) if isinstance(d[f], list) else d[f] for f in fields}
         p = cls(**values, sha256=hashlib.sha256(raw).hexdigest())
         if len(p.calibration_seeds) < 3:

@@ -57,6 +57,7 @@ from interp.data import Examples
 from interp.errors import InterpError
 from interp.io import claim_folder, remove_owned, write_file, write_json
 from interp.runtime.batching import batches, show_progress
+from interp.runtime.torchrun import TORCHRUN_VARIABLES, variable, world  # noqa: F401 (re-exported)
 
 __all__ = ["world", "local_device", "cores", "shard_bounds", "process_group", "map_batches", "Gathered",
            "pin_threads", "agree"]
@@ -67,13 +68,7 @@ PARTS_KIND = "batches"  # the kind in a parts folder's interp marker (interp.io.
 
 
 # ---------------------------------------------------------------------------------------
-# Environment
-
-
-def world() -> tuple[int, int, int]:
-    """``(rank, local_rank, world_size)`` from the variables torchrun sets (``(0, 0, 1)`` without)."""
-    return (int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")),
-            int(os.environ.get("WORLD_SIZE", "1")))
+# Environment (the torchrun variables: interp.runtime.torchrun.world)
 
 
 def local_device(device: str = "auto") -> str:
@@ -107,7 +102,7 @@ def pin_threads(threads: int | None = None) -> None:
     if threads:
         torch.set_num_threads(threads)
     elif "OMP_NUM_THREADS" not in os.environ:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world()[2]))
+        local = variable("LOCAL_WORLD_SIZE") or world()[2]
         torch.set_num_threads(max(1, cores() // max(1, local)))
 
 

@@ -46,7 +46,7 @@ from interp.errors import ComponentError
 from interp.io import PrivateFolder, write_safetensors
 from interp.models import Model
 from interp.runtime import hooks, placement
-from interp.validate import is_block_weights  # noqa: F401 - re-exported: the analyses import it from here
+from interp.validate import checked_class, is_block_weights  # noqa: F401 - is_block_weights: re-exported
 
 
 class BlockWeights(Protocol):
@@ -55,6 +55,7 @@ class BlockWeights(Protocol):
     def block(self, layer: int) -> dict[str, torch.Tensor]: ...
 
 
+@checked_class
 class WeightStash:
     """The block linear weights of ``model`` kept on disk while the model carries another variant.
 
@@ -88,6 +89,9 @@ class WeightStash:
 
     def block(self, layer: int) -> dict[str, torch.Tensor]:
         """Block ``layer``'s saved weights (it must have been saved)."""
+        if layer not in self.saved:
+            raise ComponentError(f"Block {layer}'s weights were not saved in this stash (saved: {sorted(self.saved)}); "
+                                 "call save(layer) first.")
         return load_file(str(self._file(layer)))
 
     def restore(self, layer: int) -> None:

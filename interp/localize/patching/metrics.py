@@ -22,10 +22,12 @@ from interp.results import distinct_answers
 from interp.runtime.readout import Readout
 from interp.runtime.scoring import token_nll
 from interp.typing import Resid, Tokens
+from interp.validate import checked_class, token_ids
 
 PerRow = Float[Tensor, " rows"]
 
 
+@checked_class
 class Metric:
     """A per-example scalar read from the model's output.
 
@@ -60,6 +62,7 @@ class Metric:
         return values.double().mean(dim=-1)
 
 
+@checked_class
 class NLLMetric(Metric):
     """Mean next-token NLL per example; aggregated as perplexity ``exp(mean NLL)``."""
 
@@ -82,6 +85,7 @@ class NLLMetric(Metric):
         return torch.exp(values.double().mean(dim=-1))
 
 
+@checked_class(answers=token_ids, wrongs=token_ids)  # one id, or one per row: repeats are welcome
 class LogitDiffMetric(Metric):
     """``logit[answer] - logit[wrong]`` at one position (default: the last).
 

@@ -19,6 +19,7 @@ from interp.errors import ComponentError
 from interp.models import Model
 from interp.runtime import hooks as hk
 from interp.runtime.hooks import COMPONENT_RECORDS, PER_HEAD
+from interp.validate import checked_class
 
 PatchComponent = Literal[
     "resid_pre", "resid_mid", "resid_post", "attn_out", "head", "gate", "up", "down", "gate_input", "mlp_pre", "z",
@@ -35,6 +36,8 @@ PAPER_NAMES = {name: COMPONENT_RECORDS[name].label for name in PATCHABLE}
 LayerSelection = Union[str, int, Sequence[int], None]
 
 
+@checked_class(layers=lambda value, name, arguments: None, positions=lambda value, name, arguments: None,
+               heads=lambda value, name, arguments: None)  # types here; ranges and emptiness in __post_init__'s words
 @dataclass(frozen=True)
 class Patch:
     """One patch job: a component at one or more layers, at all or some positions and heads.
