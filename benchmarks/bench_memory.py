@@ -114,10 +114,11 @@ def check_weights(model_name: str, spec: str, n: int, seq_len: int) -> dict[str,
     from interp.quant.apply import quantize
     from interp.quant.calibration import load_calibration
     from interp.quant.inplace import quantized_in_place
+    from interp.quant.spec import parse_spec
     from interp.runtime import hooks
 
     model = interp.load_model(model_name)
-    calibration = load_calibration("wiki", model.tokenizer, [spec], n=n, seq_len=seq_len, seed=0)
+    calibration = load_calibration("wiki", model.tokenizer, [parse_spec(spec)], n=n, seq_len=seq_len, seed=0)
     copied = quantize(model, spec, calibration=calibration, progress=False)
     unequal = []
     with quantized_in_place(model, spec, calibration, progress=False):

@@ -83,13 +83,13 @@ def test_calibration_inputs_come_from_the_already_quantized_model(model64, calib
     """
     model = model64
     seen = []
-    real = qa.quantize_weight
+    real = qa.quantize_parsed  # the per-weight quantizer quantize calls (parsed spec)
 
     def recording(weight, spec, inputs=None):
         seen.append((weight.detach().clone(), inputs.X.clone()))  # the group's LayerInputs
         return real(weight, spec, inputs)
 
-    monkeypatch.setattr(qa, "quantize_weight", recording)
+    monkeypatch.setattr(qa, "quantize_parsed", recording)
     qmodel = qa.quantize(model, SPEC_GPTQ, calibration=calibration, progress=False, batch_size=2)
     assert len(seen) == 2 * 7
     order = [(layer, role) for layer in range(2) for group in qa.SHARED_INPUT_GROUPS for role in group]
@@ -210,7 +210,7 @@ def test_an_error_while_paused_ends_the_threads(model, calibration, monkeypatch)
         raise SpecError("stop here")
 
     before = threading.active_count()
-    monkeypatch.setattr(qa, "quantize_weight", refuse)
+    monkeypatch.setattr(qa, "quantize_parsed", refuse)
     with pytest.raises(SpecError, match="stop here"):
         qa.quantize(model, SPEC_GPTQ, calibration=calibration, progress=False, batch_size=2)
     assert threading.active_count() == before  # every paused forward unwound and its thread ended

@@ -68,11 +68,11 @@ def _error_setup(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     """Reference, :class:`~interp.quant.analysis.error_split.ErrorSplit`, parsed spec and eval examples."""
     import interp
     from interp.cli.common import load_model_and_examples
-    from interp.quant import error_split, parse_spec
+    from interp.quant import error_split
     from interp.runtime.distributed import pin_threads, world
 
     pin_threads(args.threads)
-    spec = parse_spec(args.method)
+    spec = args.method.spec  # parsed with the options (interp.cli.quant.SpecArg)
     reference, examples = load_model_and_examples(args)
     calibration = None
     if spec.needs_calibration:
@@ -118,7 +118,7 @@ def _save_settings(out: Path, args: argparse.Namespace, reference: Any, examples
 
     write_csv(out / "split.csv", split.to_frame())
     write_json(out / "settings.json", {
-        "command": args.command, "model": args.model, "method": args.method, "examples": examples.settings,
+        "command": args.command, "model": args.model, "method": str(args.method), "examples": examples.settings,
         "split": split.to_dict(), "model_info": reference.info.to_dict(), "seconds": seconds,
         "batch_size": args.batch_size, "experiments": args.experiments, **(extra or {}),
     })

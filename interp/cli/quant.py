@@ -7,9 +7,11 @@
   D_large/D_ctrl, residual norm vs error, reversal), writing tables (CSV/JSON) and figures
   (HTML, and PNG when a browser for static export is available) into its ``analysis/``.
 
-Method specs are checked by :func:`interp.quant.spec.parse_spec` while the options are
-parsed, so a bad spec stops the command before any model loads; the method names, bit widths
-and calibration needs come from the quantizer registry (:data:`interp.quant.spec.METHODS`).
+Method specs are parsed by :func:`interp.quant.spec.parse_spec` while the options are
+parsed, once (``--method`` becomes a :class:`SpecArg`, ``--methods`` a :class:`SpecList`, each
+holding the parsed specs the command passes on), so a bad spec stops the command before any
+model loads; the method names, bit widths and calibration needs come from the quantizer
+registry (:data:`interp.quant.spec.METHODS`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,7 @@ from interp.cli.common import (
 )
 from interp.errors import InterpError, SpecError
 from interp.quant.export import EXPORT_FORMATS, check_exportable
-from interp.quant.spec import METHODS, parse_spec, report_specs, split_specs
+from interp.quant.spec import METHODS, MethodSpec, parse_spec, report_specs, split_specs
 
 DEFAULT_SPECS = ";".join(s for s in report_specs(quick=True) if parse_spec(s).bits == 3)  # from the registry
 
@@ -78,20 +81,51 @@ def parse_spec_list(text: str) -> list[Any]:
     return [check_spec(s) for s in specs]
 
 
+@dataclass(frozen=True)
+class SpecArg:
+    """``--method`` as parsed with the options: the text as given (what settings record) and its spec."""
+
+    text: str
+    spec: MethodSpec
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class SpecList:
+    """``--methods`` as parsed with the options: the text as given, its method specs (each parsed once, in
+    order) and the quantized checkpoints it names."""
+
+    text: str
+    specs: tuple[MethodSpec, ...]
+    checkpoints: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _spec_arg(text: str) -> SpecArg:
+    return SpecArg(text.strip(), check_spec(text))
+
+
+def _spec_list(text: str) -> SpecList:
+    return SpecList(text.strip(), tuple(parse_spec_list(text)), tuple(split_checkpoints(text)[1]))
+
+
 def _argparse_type(fn: Any, name: str) -> Any:
-    def parse(text: str) -> str:
+    def parse(text: str) -> Any:
         try:
-            fn(text)
+            return fn(text)
         except SpecError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-        return text.strip()
 
     parse.__name__ = name
     return parse
 
 
-spec_type = _argparse_type(check_spec, "spec")
-spec_list_type = _argparse_type(parse_spec_list, "spec list")
+spec_type = _argparse_type(_spec_arg, "spec")
+spec_list_type = _argparse_type(_spec_list, "spec list")
 
 
 def _specs_help(example: str) -> str:
@@ -134,7 +168,7 @@ def _quantize_args(p: argparse.ArgumentParser) -> None:
 def _check_format(args: argparse.Namespace) -> None:
     """A compressed-tensors export needs a spec with a recoverable integer grid: refused before the model loads."""
     if args.format == "compressed-tensors":
-        check_exportable(parse_spec(args.method))
+        check_exportable(args.method.spec)
 
 
 @command("quantize", "quantize every block linear layer of a model and save the weights", _quantize_args)
@@ -143,7 +177,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from interp.quant.apply import quantize, save_quantized
     from interp.quant.inplace import quantized_in_place
 
-    spec = parse_spec(args.method)
+    spec = args.method.spec  # parsed with the options
     out = ensure_writable_dir(args.out)
     model = load_model_from_args(args)
     calibration = _calibration(args, model, [spec])
@@ -204,8 +238,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from interp.quant.outputs import score_summary, write_score_outputs
     from interp.quant.store import score
 
-    spec_text, checkpoints = split_checkpoints(args.methods)
-    specs = [parse_spec(s) for s in split_specs(spec_text)]
+    specs, checkpoints = list(args.methods.specs), list(args.methods.checkpoints)  # parsed with the options
     out = ensure_writable_dir(args.out)
     start = time.time()
     model, examples = load_model_and_examples(args)

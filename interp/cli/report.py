@@ -85,7 +85,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.seq_len is not None:
         overrides["seq_len"] = args.seq_len
     if args.methods:
-        overrides["methods"] = tuple(split_specs(args.methods))
+        overrides["methods"] = tuple(split_specs(args.methods.text))  # as given: the settings parse them once
     settings = ReportSettings.quick(**overrides) if args.quick else ReportSettings(**overrides)
     start = time.time()
     results = run_report(args.out, settings, stages=args.stages.split(",") if args.stages else None,

@@ -70,7 +70,8 @@ from interp.errors import ComponentError, InterpError, SpecError
 from interp.io import ensure_writable_dir, is_complete, staged_folder, write_file, write_json
 from interp.models import Model, model_hash, model_name  # model_hash is re-exported here
 from interp.quant.calibration import FEEDER_VERSION, LayerFeeder, OutOfOrder
-from interp.quant.methods import LayerInputs, quantize_weight, relative_error
+from interp.quant.methods import LayerInputs, relative_error
+from interp.quant.methods._common import quantize_parsed
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
 from interp.runtime import hooks, placement
 from interp.runtime.batching import check_examples, device_of, kernels, show_progress
@@ -236,6 +237,12 @@ def quantize(
         >>> qmodel is model, qmodel.quant_info.spec
         (False, 'nf:bits=3,group=32')
     """
+    return _quantize(model, parse_spec(spec), calibration, progress, batch_size)  # the API's edge: parsed once
+
+
+def _quantize(model: Model, spec: MethodSpec, calibration: Examples | None, progress: bool | None,
+              batch_size: int) -> Any:
+    """:func:`quantize` for a parsed spec (what the functions that call it inside interp pass)."""
     spec, calibration = _checked_request(model, spec, calibration)
     placement.refuse_offloaded(model, "quantize()", "Use interp.quant.inplace.quantize_in_place (or score, which "
                                "applies each spec in place), which quantizes the model's own weights block by block.")
@@ -248,10 +255,9 @@ def quantize(
     return qmodel
 
 
-def _checked_request(model: Model, spec: str | MethodSpec, calibration: Examples | None
+def _checked_request(model: Model, spec: MethodSpec, calibration: Examples | None
                      ) -> tuple[MethodSpec, Examples | None]:
-    """The parsed spec and its calibration (``None`` for a calibration-free method), checked against ``model``."""
-    spec = parse_spec(spec)
+    """The spec and its calibration (``None`` for a calibration-free method), checked against ``model``."""
     _check_quantizable(model)
     _check_modules(model, spec)
     if spec.needs_calibration and (calibration is None or len(calibration) == 0):
@@ -296,7 +302,7 @@ def _quantize_weights(qmodel: Model, spec: MethodSpec, calibration: Examples | N
     return QuantInfo(spec=str(spec), reference_hash=reference_hash, reference_name=name,
                      calibration=_calibration_record(calibration), layer_seconds=log.layer_seconds,
                      role_seconds=log.role_seconds, calibration_seconds=calibration_seconds,
-                     relative_errors=log.relative_errors, algorithm=algorithm_version(spec))
+                     relative_errors=log.relative_errors, algorithm=_algorithm_version(spec))
 
 
 def _quantize_block(qmodel: Model, layer: int, spec: MethodSpec, feeder: LayerFeeder | None, log: QuantLog) -> float:
@@ -325,7 +331,7 @@ def _quantize_group(slots: dict[str, Any], roles: list[str], layer: int, spec: M
         # or gate/up in one matrix: each logical matrix is quantized on its own
         weight = slots[role].read().detach()
         tick = time.perf_counter()
-        quantized = quantize_weight(weight, spec.for_module(layer, role), inputs)  # a plan's own width
+        quantized = quantize_parsed(weight, spec.for_module(layer, role), inputs)  # a plan's own width
         log.role_seconds[role] = log.role_seconds.get(role, 0.0) + time.perf_counter() - tick
         log.relative_errors[f"{layer}.{role}"] = relative_error(weight, quantized)
         slots[role].write(quantized)
@@ -524,10 +530,15 @@ def cached_quant_info(reference: Model, spec: str | MethodSpec, calibration: Exa
         >>> cached_quant_info(model, "rtn:bits=4,group=32", cache_dir=cache) == made.quant_info
         True
     """
-    spec = parse_spec(spec)
+    return _cached_quant_info(reference, parse_spec(spec), calibration, cache_dir)
+
+
+def _cached_quant_info(reference: Model, spec: MethodSpec, calibration: Examples | None = None,
+                       cache_dir: str | os.PathLike[str] | None = None) -> QuantInfo | None:
+    """:func:`cached_quant_info` for a parsed spec."""
     calibration = calibration if spec.needs_calibration else None
     root = Path(cache_dir) if cache_dir is not None else models.cache_dir() / "quantized"
-    record = read_quant_info(root / cache_key(reference, spec, calibration))  # the key holds the reference's hash
+    record = read_quant_info(root / _cache_key(reference, spec, calibration))  # the key holds the reference's hash
     if record is None or record.get("spec") != str(spec):
         return None
     return _info_from_record(record)
@@ -592,7 +603,11 @@ def algorithm_version(spec: str | MethodSpec) -> str:
         >>> algorithm_version("rtn:bits=3"), algorithm_version("gptq:bits=3")
         ('rtn-v1', 'gptq-v1+feeder-v2')
     """
-    spec = parse_spec(spec)
+    return _algorithm_version(parse_spec(spec))
+
+
+def _algorithm_version(spec: MethodSpec) -> str:
+    """:func:`algorithm_version` for a parsed spec."""
     text = f"{spec.method}-v{METHODS[spec.method].version}"
     return f"{text}+feeder-v{FEEDER_VERSION}" if spec.needs_calibration else text
 
@@ -610,10 +625,14 @@ def cache_key(reference: Model, spec: str | MethodSpec, calibration: Examples | 
     calibration forwards that feed the calibrated ones, bumps it, and older cached results are no
     longer found.
     """
-    spec = parse_spec(spec)
+    return _cache_key(reference, parse_spec(spec), calibration)
+
+
+def _cache_key(reference: Model, spec: MethodSpec, calibration: Examples | None) -> str:
+    """:func:`cache_key` for a parsed spec."""
     calibration_hash = examples_hash(calibration) if spec.needs_calibration else "none"
     tag = kernels(device_of(reference))
-    version = algorithm_version(spec)
+    version = _algorithm_version(spec)
     key = hashlib.sha256(f"{model_hash(reference)}|{spec}|{calibration_hash}|{tag}|{version}".encode()).hexdigest()[:16]
     mixed = "-mix" if spec.modules else ""
     return f"{spec.method}{spec.bits}{mixed}-g{spec.group}-{key}"
@@ -646,9 +665,15 @@ def quantize_cached(
         >>> bool(torch.equal(first(tokens), again(tokens)))
         True
     """
+    return _quantize_cached(reference, parse_spec(spec), calibration, cache_dir, progress, batch_size)
+
+
+def _quantize_cached(reference: Model, spec: MethodSpec, calibration: Examples | None = None,
+                     cache_dir: str | os.PathLike[str] | None = None, progress: bool | None = None,
+                     batch_size: int = 8) -> Any:
+    """:func:`quantize_cached` for a parsed spec."""
     root = ensure_writable_dir(Path(cache_dir) if cache_dir is not None else models.cache_dir() / "quantized")
-    spec = parse_spec(spec)
-    folder = root / cache_key(reference, spec, calibration)
+    folder = root / _cache_key(reference, spec, calibration)
     # One process quantizes; another asking for the same model waits, then loads its result.
     with FileLock(str(root / f"{folder.name}.lock")):
         record = read_quant_info(folder)
@@ -657,6 +682,6 @@ def quantize_cached(
                 return load_quantized(reference, folder)
             except InterpError:
                 pass  # a damaged or mislabelled folder: quantize again and replace it
-        qmodel = quantize(reference, spec, calibration=calibration, progress=progress, batch_size=batch_size)
+        qmodel = _quantize(reference, spec, calibration, progress, batch_size)
         save_quantized(qmodel, folder)
     return qmodel

@@ -40,10 +40,11 @@ def needs_calibration(specs: Iterable[str | MethodSpec]) -> bool:
     return any(parse_spec(spec).needs_calibration for spec in specs)
 
 
-def load_calibration(source: str | Path, tokenizer: Any, specs: Iterable[str | MethodSpec], n: int, seq_len: int,
+def load_calibration(source: str | Path, tokenizer: Any, specs: Iterable[MethodSpec], n: int, seq_len: int,
                      seed: int = 0) -> Examples | None:
-    """``n`` calibration-split examples of ``source`` when a spec needs them, else None (nothing is read)."""
-    if not needs_calibration(specs):
+    """``n`` calibration-split examples of ``source`` when a spec (parsed, see :func:`~interp.quant.spec.parse_spec`)
+    needs them, else None (nothing is read)."""
+    if not any(spec.needs_calibration for spec in specs):
         return None
     return load_examples(source, tokenizer, n=n, seq_len=seq_len, seed=seed, split="calibration")
 
@@ -54,7 +55,8 @@ def calibration_from_settings(settings: Mapping[str, Any], tokenizer: Any,
     recorded = settings.get("calibration")
     if not recorded:
         return None
-    return load_calibration(recorded["source"], tokenizer, specs, n=recorded["n"], seq_len=recorded["seq_len"],
+    parsed = [parse_spec(spec) for spec in specs]  # this function's callers pass the specs a folder records
+    return load_calibration(recorded["source"], tokenizer, parsed, n=recorded["n"], seq_len=recorded["seq_len"],
                             seed=recorded["seed"])
 
 

@@ -47,13 +47,13 @@ import torch
 
 from interp import models
 from interp.data import Examples, load_examples
-from interp.errors import InterpError
+from interp.errors import InterpError, SpecError
 from interp.io import ensure_writable_dir
 from interp.models import Model
 from interp.quant.apply import model_hash
 from interp.quant.calibration import load_calibration
 from interp.quant.outputs import score_summary, write_score_outputs
-from interp.quant.spec import MethodSpec, parse_spec, split_specs
+from interp.quant.spec import MethodSpec
 from interp.quant.store import STORE_FILE, ScoreStore, _unique_specs, score
 from interp.runtime.batching import device_of
 from interp.runtime.distributed import cores, local_device, shard_bounds, world
@@ -190,7 +190,8 @@ def score_distributed(
     torch.set_num_threads(max(1, cores() // size))
     dist, created = _init(reference)
     try:
-        names = [str(s) for s in _unique_specs(specs)]
+        parsed = _unique_specs(specs)  # parsed once, here
+        names = [str(s) for s in parsed]
         key = model_hash(reference)
         # Rank 0 checks the main store first, so every rank fails together rather than hangs.
         problem: list[str | None] = [None]
@@ -208,9 +209,9 @@ def score_distributed(
         start, end = shard_bounds(len(examples), batch_size, rank, size)
         kwargs = dict(score_kwargs)
         kwargs.setdefault("cache_dir", _main_path(store).parent / "quantized")
-        _quantize_spread(dist, reference, _unique_specs(specs), kwargs, store, rank, size)
+        _quantize_spread(dist, reference, parsed, kwargs, store, rank, size)
         if end > start:
-            score(reference, specs, examples.subset(list(range(start, end))),
+            score(reference, parsed, examples.subset(list(range(start, end))),
                   store=shard_path(store, rank), **kwargs)
         dist.barrier()
         if rank != 0:
@@ -238,7 +239,7 @@ def _quantize_spread(dist: Any, reference: Model, specs: Sequence[MethodSpec], k
     side instead of one after another; then each rank's scoring finds them all in the cache. The
     cache's file lock keeps two ranks off one folder; the weights do not depend on which rank (or
     thread count) made them. A failure on one rank stops all of them."""
-    from interp.quant.inplace import cached_variant
+    from interp.quant.inplace import _cached_variant
     from interp.runtime.distributed import agree
     from interp.runtime.swap import WeightStash
 
@@ -248,8 +249,8 @@ def _quantize_spread(dist: Any, reference: Model, specs: Sequence[MethodSpec], k
         if mine:
             with WeightStash(reference, _main_path(store).parent) as stash:
                 for spec in mine:
-                    cached_variant(reference, spec, calibration if spec.needs_calibration else None, stash=stash,
-                                   cache_dir=kwargs["cache_dir"], progress=kwargs.get("progress"))  # as score() does
+                    _cached_variant(reference, spec, calibration if spec.needs_calibration else None, stash=stash,
+                                    cache_dir=kwargs["cache_dir"], progress=kwargs.get("progress"))  # as score() does
     except BaseException:
         agree(dist, failed=True)
         raise
@@ -265,7 +266,10 @@ def cli_score(args: Any) -> int:
     rank, _, size = world()
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
-    specs = [parse_spec(s) for s in split_specs(args.methods)]
+    if args.methods.checkpoints:
+        raise SpecError(f"checkpoints ({', '.join(args.methods.checkpoints)}) are scored by interp score in one "
+                        "process, not under torchrun; give only method specs here.")
+    specs = list(args.methods.specs)  # parsed with the options (interp.cli.quant.SpecList)
     out = ensure_writable_dir(args.out)
     start = time.time()
     if getattr(args, "device_map", None) is not None:  # this rank's replica spread by accelerate (docs/scaling.md)

@@ -45,11 +45,11 @@ from interp.models import Model, model_name
 from interp.quant.apply import (
     WEIGHTS_FILE,
     QuantInfo,
+    _cache_key,
     _checked_request,
     _file_sha256,
     _info_from_record,
     _quantize_weights,
-    cache_key,
     model_hash,
     quantized_model_info,
     read_quant_info,
@@ -68,6 +68,12 @@ def quantize_in_place(model: Model, spec: str | MethodSpec, calibration: Example
     code runs on the same values; tested). The caller restores the reference with
     ``stash.restore_all()``; :func:`quantized_in_place` does both.
     """
+    return _quantize_in_place(model, parse_spec(spec), calibration, stash, progress, batch_size)
+
+
+def _quantize_in_place(model: Model, spec: MethodSpec, calibration: Examples | None, stash: WeightStash,
+                       progress: bool | None, batch_size: int) -> QuantInfo:
+    """:func:`quantize_in_place` for a parsed spec."""
     parsed, calibration = _checked_request(model, spec, calibration)
     name = model_name(model)
     return _quantize_weights(model, parsed, calibration, model_hash(model), name, progress, batch_size,
@@ -152,17 +158,23 @@ def cached_variant(reference: Model, spec: str | MethodSpec, calibration: Exampl
     The cache is :func:`~interp.quant.apply.quantize_cached`'s (same keys, same files, same lock),
     so either function finds what the other made. ``reference`` holds its own weights again on return.
     """
-    parsed = parse_spec(spec)
+    return _cached_variant(reference, parse_spec(spec), calibration, stash=stash, cache_dir=cache_dir,
+                           progress=progress, batch_size=batch_size)
+
+
+def _cached_variant(reference: Model, parsed: MethodSpec, calibration: Examples | None = None, *,
+                    stash: WeightStash, cache_dir: str | Path | None = None, progress: bool | None = None,
+                    batch_size: int = 8) -> Path:
+    """:func:`cached_variant` for a parsed spec (what ``score`` and the analyses pass)."""
     calibration = calibration if parsed.needs_calibration else None
     root = ensure_writable_dir(Path(cache_dir) if cache_dir is not None else models.cache_dir() / "quantized")
-    folder = root / cache_key(reference, parsed, calibration)
+    folder = root / _cache_key(reference, parsed, calibration)
     with FileLock(str(root / f"{folder.name}.lock")):
         record = read_quant_info(folder)
         if record is not None and record.get("spec") == str(parsed):
             return folder
         try:
-            info = quantize_in_place(reference, parsed, calibration, stash=stash, progress=progress,
-                                     batch_size=batch_size)
+            info = _quantize_in_place(reference, parsed, calibration, stash, progress, batch_size)
             save_quantized(reference, folder, info=info)
         finally:
             stash.restore_all()

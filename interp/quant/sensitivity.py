@@ -64,7 +64,7 @@ from interp.data import Examples
 from interp.errors import DataError, InterpError
 from interp.io import ensure_writable_dir, sanitize, write_csv, write_json
 from interp.models import Model
-from interp.quant.apply import ROLES, cache_key, examples_hash, quantize, quantize_cached
+from interp.quant.apply import ROLES, _cache_key, _quantize, _quantize_cached, examples_hash
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.runtime import hooks
 from interp.runtime.batching import batches, check_examples, show_progress
@@ -201,21 +201,20 @@ def sensitivity(model: Model, spec: str | MethodSpec, examples: Examples, calibr
     calibration = calibration if calibration is not None else examples
     root = Path(cache_dir) if cache_dir is not None else models.cache_dir()
     if not cache:
-        return _measure(model, quantize(model, spec, calibration=calibration, progress=False), spec, examples,
-                        batch_size, progress)
+        return _measure(model, _quantize(model, spec, calibration, False, 8), spec, examples, batch_size, progress)
     key = _key(model, spec, examples, calibration)
     folder = ensure_writable_dir(root / "sensitivity") / key
     with FileLock(str(folder) + ".lock"):
         if (folder / INFO_FILE).is_file():
             return Sensitivity.load(folder)
-        low = quantize_cached(model, spec, calibration=calibration, cache_dir=root / "quantized", progress=progress)
+        low = _quantize_cached(model, spec, calibration, cache_dir=root / "quantized", progress=progress)
         result = _measure(model, low, spec, examples, batch_size, progress)
         result.save(folder)
     return result
 
 
 def _key(model: Model, spec: MethodSpec, examples: Examples, calibration: Examples) -> str:
-    text = f"{cache_key(model, spec, calibration)}|{examples_hash(examples)}|v{SENSITIVITY_VERSION}"
+    text = f"{_cache_key(model, spec, calibration)}|{examples_hash(examples)}|v{SENSITIVITY_VERSION}"
     return f"{spec.method}{spec.bits}-g{spec.group}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
@@ -339,7 +338,7 @@ def proxy_sensitivity(model: Model, examples: Examples, widths: tuple[int, ...] 
     Raises:
         InterpError: fewer examples than chunks, or a calibrated method.
     """
-    from interp.quant.methods import quantize_weight
+    from interp.quant.methods._common import quantize_parsed
 
     specs = [parse_spec(f"{method}:bits={bits},group={group}") for bits in widths]
     if any(spec.method in ("gptq", "awq") for spec in specs):
@@ -364,7 +363,7 @@ def proxy_sensitivity(model: Model, examples: Examples, widths: tuple[int, ...] 
         W = hooks.linear_weights(model, layer)[role].read().detach().float()
         H = torch.stack([gram[layer, _group_of(role)] for gram in grams])  # [chunks, d_in, d_in]
         for w, spec in enumerate(specs):
-            delta = quantize_weight(W, spec) - W
+            delta = quantize_parsed(W, spec) - W
             out[index, w] = (H * (delta.T @ delta)).sum(dim=(1, 2)).double().numpy()
         sizes.append(int(W.numel()))
         bar.update(1)

@@ -360,8 +360,12 @@ def _checked_value(method: str, name: str, option: Option, value: object) -> Opt
 def parse_spec(spec: str | MethodSpec) -> MethodSpec:
     """Parse ``method:key=value,...`` into a :class:`MethodSpec`.
 
+    The one place a spec's text is read: callers parse at their edge (the command line, the API's public
+    functions, the report's settings) and pass the :class:`MethodSpec` inward, so each text is parsed once
+    (``tests/test_parse_once.py`` counts it).
+
     Args:
-        spec: a spec string, or a MethodSpec (returned unchanged).
+        spec: a spec string, ``@DIR/plan.json`` (the spec a plan file records), or a MethodSpec (returned unchanged).
 
     Returns:
         The validated spec, with defaults filled in.
@@ -381,7 +385,12 @@ def parse_spec(spec: str | MethodSpec) -> MethodSpec:
     if not isinstance(spec, str):
         raise SpecError(f"a method spec must be a string like 'rtn:bits=4,group=64', got {type(spec).__name__}")
     if spec.strip().startswith("@"):
-        return parse_spec(_spec_from_plan(spec.strip()[1:]))
+        return _spec_from_plan(spec.strip()[1:])
+    return _parse_text(spec)
+
+
+def _parse_text(spec: str) -> MethodSpec:
+    """The parse itself: ``method:key=value,...|LAYER.ROLE=BITS...`` into a :class:`MethodSpec`."""
     spec, *module_items = spec.split("|")
     method, _, body = spec.strip().partition(":")
     method = method.strip().lower()
@@ -413,8 +422,8 @@ def _split_modules(method: str, record: Quantizer, items: list[str]) -> dict[str
     return modules
 
 
-def _spec_from_plan(path: str) -> str:
-    """The ``spec`` a plan file (``plan.json`` from ``interp prescribe``) records."""
+def _spec_from_plan(path: str) -> MethodSpec:
+    """The ``spec`` a plan file (``plan.json`` from ``interp prescribe``) records, parsed (once)."""
     from interp.reading import read_json
 
     try:  # bounded, and a pipe or a device is refused before it is opened
@@ -425,8 +434,8 @@ def _spec_from_plan(path: str) -> str:
     return _plan_spec(record, path)
 
 
-def _plan_spec(record: object, path: str) -> str:
-    """The spec a plan record holds, refused when it names another plan or disagrees with the plan's widths.
+def _plan_spec(record: object, path: str) -> MethodSpec:
+    """The spec a plan record holds, parsed, refused when it names another plan or disagrees with the plan's widths.
 
     A plan's ``spec`` is what quantizes; its ``widths`` say the same per weight. When a user edits
     one and not the other, the edit would be silently ignored (or silently win), so the two must agree.
@@ -437,10 +446,10 @@ def _plan_spec(record: object, path: str) -> str:
     if text.strip().startswith("@"):
         raise SpecError(f"@{path}: its spec {text.strip()!r} names another plan file; a plan's spec must be a method "
                         "spec such as 'gptq:bits=3|0.v=4' (regenerate it with interp prescribe)")
+    spec = _parse_text(text)
     widths = record.get("widths")
     if widths is None:
-        return text
-    spec = parse_spec(text)
+        return spec
     if not isinstance(widths, dict):
         raise SpecError(f"@{path}: 'widths' must map 'LAYER.ROLE' to bits, got {type(widths).__name__}")
     for name, width in widths.items():
@@ -449,7 +458,7 @@ def _plan_spec(record: object, path: str) -> str:
             raise SpecError(f"@{path}: its widths and its spec disagree on {name!r} (widths: {width!r}, spec: "
                             f"{spec.bits_for(int(layer), role) if layer.isdigit() else 'no such weight'}); "
                             "edit both the same way, or regenerate the plan with interp prescribe")
-    return text
+    return spec
 
 
 def _split_pairs(method: str, body: str) -> dict[str, str]:
@@ -484,16 +493,19 @@ def split_specs(text: str) -> list[str]:
     """Split a list of specs: ``;``/whitespace separate them, and so does a ``,`` before a method name.
 
     The items are not checked (see :func:`parse_spec`); a ``,`` followed by a registered
-    method name and ``:`` starts a new spec, any other ``,`` continues the current one.
+    method name and ``:`` starts a new spec, any other ``,`` continues the current one. A plan
+    file's ``@DIR/plan.json`` is always a spec of its own.
 
     >>> split_specs("rtn:bits=3,group=64,gptq:bits=3;nf:bits=4")
     ['rtn:bits=3,group=64', 'gptq:bits=3', 'nf:bits=4']
+    >>> split_specs("rtn:bits=3;@plans/a/plan.json")
+    ['rtn:bits=3', '@plans/a/plan.json']
     """
     specs: list[str] = []
     for chunk in text.replace(";", " ").split():
         for item in chunk.split(","):
             head = item.split(":", 1)[0].strip().lower()
-            if not specs or (":" in item and head in METHODS):
+            if not specs or item.strip().startswith("@") or (":" in item and head in METHODS):
                 specs.append(item)
             else:
                 specs[-1] += "," + item

@@ -56,8 +56,8 @@ from interp.data import Examples
 from interp.errors import DataError, InterpError, NonFiniteError, SpecError
 from interp.io import connect_sqlite, ensure_writable_dir, write_parquet
 from interp.models import Model
-from interp.quant.apply import model_hash, quantize_cached
-from interp.quant.inplace import cached_variant, variant
+from interp.quant.apply import _quantize_cached, model_hash
+from interp.quant.inplace import _cached_variant, variant
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.runtime import placement
 from interp.runtime.batching import batches, check_examples, device_of, show_progress
@@ -411,7 +411,12 @@ class ScoreStore:
 
 
 def _unique_specs(specs: Sequence[str | MethodSpec]) -> list[MethodSpec]:
-    parsed = [parse_spec(s) for s in specs]
+    """The specs parsed (the one parse of each, at :func:`score`'s edge), without repeats."""
+    return _unique([parse_spec(s) for s in specs])
+
+
+def _unique(parsed: Sequence[MethodSpec]) -> list[MethodSpec]:
+    """Parsed specs without repeats, in their order; at least one."""
     if not parsed:
         raise SpecError("score needs at least one method spec, e.g. ['rtn:bits=3,group=64'].")
     return list(dict.fromkeys(parsed))
@@ -538,10 +543,10 @@ def _score_spec(store: ScoreStore, key: str, spec: MethodSpec, reference: Model,
     if kl:
         placement.refuse_offloaded(reference, "score(kl=True)", "Score without KL on a split model, or place every "
                                    "block on a device (KL holds the reference and a quantized copy at once).")
-        qmodel = quantize_cached(reference, spec, calibration, cache_dir=cache, progress=progress)
+        qmodel = _quantize_cached(reference, spec, calibration, cache_dir=cache, progress=progress)
         _run_pass(store, key, str(spec), qmodel, reference, examples, todo, bar, need_kl=True)
         return
-    folder = cached_variant(reference, spec, calibration, stash=stash, cache_dir=cache, progress=progress)
+    folder = _cached_variant(reference, spec, calibration, stash=stash, cache_dir=cache, progress=progress)
     with variant(reference, folder, stash=stash, reference_hash=key):
         _run_pass(store, key, str(spec), reference, None, examples, todo, bar)
 
@@ -587,7 +592,14 @@ def score(
         >>> errors.columns.tolist(), errors.index.tolist()  # NLL(quantized) - NLL(reference) per example
         (['rtn:bits=4,group=32,zero=float', 'nf:bits=4,group=32'], ['row0', 'row1', 'row2', 'row3'])
     """
-    parsed = _unique_specs(specs)
+    return _score(reference, _unique_specs(specs), examples, store, calibration, batch_size, kl, progress, cache_dir)
+
+
+def _score(reference: Model, parsed: list[MethodSpec], examples: Examples, store: str | os.PathLike[str] | ScoreStore,
+           calibration: Examples | None = None, batch_size: int = 8, kl: bool = False, progress: bool | None = None,
+           cache_dir: str | os.PathLike[str] | None = None) -> pd.DataFrame:
+    """:func:`score` for parsed specs without repeats (what :func:`~interp.quant.analysis.error_split.error_split`
+    passes, having parsed them itself)."""
     if calibration is None and any(s.needs_calibration for s in parsed):
         needing = [str(s) for s in parsed if s.needs_calibration]
         raise SpecError(f"{', '.join(needing)} need calibration examples: pass calibration="

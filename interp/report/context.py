@@ -21,7 +21,7 @@ from interp.data import load_examples, read_documents
 from interp.digests import cache_key, file_digest, files_digest, texts_digest
 from interp.errors import ModelLoadError
 from interp.quant.reference import describe_reference
-from interp.quant.spec import parse_spec, report_specs
+from interp.quant.spec import MethodSpec, parse_spec, report_specs
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model", "chat_template.jinja")
@@ -98,6 +98,16 @@ class ReportSettings:
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+    @cached_property
+    def specs(self) -> tuple[MethodSpec, ...]:
+        """:attr:`methods` parsed, once (the settings are the report's edge): what the stages pass on."""
+        return tuple(parse_spec(method) for method in self.methods)
+
+    @cached_property
+    def patch_spec(self) -> MethodSpec:
+        """:attr:`patch_method` parsed, once."""
+        return parse_spec(self.patch_method)
 
 
 @dataclass

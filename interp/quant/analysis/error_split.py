@@ -21,9 +21,9 @@ from interp.data import Examples
 from interp.errors import InterpError
 from interp.models import Model
 from interp.quant.analysis.split import SplitResult, split_large_ctrl
-from interp.quant.apply import cached_quant_info, quantize_cached
+from interp.quant.apply import _cached_quant_info, _quantize_cached
 from interp.quant.spec import MethodSpec, parse_spec
-from interp.quant.store import ScoreStore, score
+from interp.quant.store import ScoreStore, _score, _unique
 from interp.runtime.swap import WeightStash
 from interp.validate import checked
 
@@ -55,30 +55,33 @@ class ErrorSplit:
     def quant_info(self, spec: str | MethodSpec) -> Any:
         """``quantized(spec).quant_info``, read from the cache's record when the model is not loaded
         (a quantized SmolLM2 copy takes about a second to load; the record, a millisecond)."""
-        name = str(parse_spec(spec))
-        if name not in self._models:
-            info = cached_quant_info(self.reference, name, self.calibration, cache_dir=self.cache_dir)
+        parsed = parse_spec(spec)
+        if str(parsed) not in self._models:
+            info = _cached_quant_info(self.reference, parsed, self.calibration, cache_dir=self.cache_dir)
             if info is not None:
                 return info
-        return self.quantized(name).quant_info
+        return self._quantized(parsed).quant_info
 
     def weights(self, spec: str | MethodSpec, stash: WeightStash) -> Any:
         """One copy of the weights: ``spec``'s quantized block weights alone, as a
         :class:`~interp.quant.inplace.SavedWeights` of the cache folder :meth:`quantized` loads its
         copy from (quantized in place into ``stash`` first if it is missing). The analyses that take
         them swap them into the reference where a run needs them."""
-        from interp.quant.inplace import SavedWeights, cached_variant
+        from interp.quant.inplace import SavedWeights, _cached_variant
 
-        folder = cached_variant(self.reference, spec, self.calibration, stash=stash, cache_dir=self.cache_dir,
-                                progress=self.progress, batch_size=self.batch_size)
+        folder = _cached_variant(self.reference, parse_spec(spec), self.calibration, stash=stash,
+                                 cache_dir=self.cache_dir, progress=self.progress, batch_size=self.batch_size)
         return SavedWeights(folder, self.reference)
 
     def quantized(self, spec: str | MethodSpec) -> Any:
         """The quantized copy for ``spec``: loaded from the cache (quantized there first if absent), kept."""
-        name = str(parse_spec(spec))
+        return self._quantized(parse_spec(spec))
+
+    def _quantized(self, spec: MethodSpec) -> Any:
+        name = str(spec)
         if name not in self._models:
-            self._models[name] = quantize_cached(self.reference, name, self.calibration, cache_dir=self.cache_dir,
-                                                 progress=self.progress, batch_size=self.batch_size)
+            self._models[name] = _quantize_cached(self.reference, spec, self.calibration, cache_dir=self.cache_dir,
+                                                  progress=self.progress, batch_size=self.batch_size)
         return self._models[name]
 
 
@@ -91,7 +94,7 @@ def error_split(
     store: str | os.PathLike[str] | ScoreStore | None = None,
     errors: pd.DataFrame | None = None,
     calibration: Examples | None = None,
-    split_on: str = "mean",
+    split_on: str | MethodSpec = "mean",
     cache_dir: str | os.PathLike[str] | None = None,
     top: float = 0.10,
     seed: int = 0,
@@ -109,7 +112,7 @@ def error_split(
         errors: per-example errors already computed (index example id, one column per canonical
             spec, e.g. a score folder's); used as they are.
         calibration: calibration-split examples, needed when a spec is calibrated.
-        split_on: the error that picks D_large: ``"mean"`` over the error columns, or one spec.
+        split_on: the error that picks D_large: ``"mean"`` over the error columns, or one spec (text or parsed).
         cache_dir: the quantized models' cache (default: ``quantized/`` beside the store, as
             :func:`~interp.quant.store.score` uses; with ``errors``, the user cache).
         top, seed: passed to :func:`~interp.quant.analysis.split.split_large_ctrl`.
@@ -129,15 +132,16 @@ def error_split(
     """
     if (store is None) == (errors is None):
         raise InterpError("error_split needs either a store to score into or the errors already computed, not both.")
-    names = [str(parse_spec(s)) for s in specs]
+    parsed = [parse_spec(s) for s in specs]  # the one parse of each: scored, named and cached as parsed
+    names = [str(s) for s in parsed]
     cache = Path(cache_dir) if cache_dir is not None else None
     if errors is None:
         assert store is not None
         own = not isinstance(store, ScoreStore)
         st = store if isinstance(store, ScoreStore) else ScoreStore(store)
         try:
-            errors = score(reference, names, examples, store=st, calibration=calibration, batch_size=batch_size,
-                           progress=progress, cache_dir=cache)
+            errors = _score(reference, _unique(parsed), examples, store=st, calibration=calibration,
+                            batch_size=batch_size, progress=progress, cache_dir=cache)
             cache = cache if cache is not None else st.folder / "quantized"
         finally:
             if own:

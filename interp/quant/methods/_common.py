@@ -130,7 +130,13 @@ def quantize_weight(W: Weight, spec: str | MethodSpec,
         >>> W_hat.shape == W.shape, W_hat.dtype, len(torch.unique(W_hat[0])) <= 16  # 4 bits: at most 16 levels a group
         (True, torch.float32, True)
     """
-    spec = parse_spec(spec)
+    return quantize_parsed(W, parse_spec(spec), calibration_inputs)  # the API's edge: parsed once
+
+
+def quantize_parsed(W: Tensor, spec: MethodSpec, calibration_inputs: Any = None) -> Tensor:
+    """:func:`quantize_weight` for a parsed spec: what a whole-model quantizer calls for each of its weights
+    (:mod:`interp.quant.apply`), so a spec is not parsed again per weight. The weight and the calibration
+    inputs are checked here all the same."""
     weight = checked_weight(W, spec)
     calibration = None
     if spec.needs_calibration:

@@ -31,15 +31,15 @@ def setup(ctx: ReportContext) -> ErrorSplit:
     if "setup" not in ctx.cache:
         ctx.collective("scoring")
         s = ctx.settings
-        needs_cal = any(parse_spec(m).needs_calibration for m in s.methods)
+        needs_cal = any(spec.needs_calibration for spec in s.specs)
         store, cache = ctx.out / "scores.sqlite", cache_dir() / "quantized"
-        common: dict[str, Any] = dict(calibration=ctx.calibration if needs_cal else None, split_on=patched_spec(ctx),
+        common: dict[str, Any] = dict(calibration=ctx.calibration if needs_cal else None, split_on=s.patch_spec,
                                       cache_dir=cache, seed=s.seed, batch_size=s.batch_size, progress=ctx.progress)
         if ctx.world_size > 1:  # torchrun: each rank scores its batches; every rank reads the merged store
             errors = _scored_over_ranks(ctx, store, cache, common["calibration"])
-            ctx.cache["setup"] = error_split(ctx.model, list(s.methods), ctx.examples, errors=errors, **common)
+            ctx.cache["setup"] = error_split(ctx.model, list(s.specs), ctx.examples, errors=errors, **common)
         else:
-            ctx.cache["setup"] = error_split(ctx.model, list(s.methods), ctx.examples, store=store, **common)
+            ctx.cache["setup"] = error_split(ctx.model, list(s.specs), ctx.examples, store=store, **common)
     return ctx.cache["setup"]
 
 
@@ -51,10 +51,10 @@ def _scored_over_ranks(ctx: ReportContext, store: Path, cache: Path, calibration
     from interp.quant.store import ScoreStore
 
     s = ctx.settings
-    score_distributed(ctx.model, list(s.methods), ctx.examples, store, cache_dir=cache, batch_size=s.batch_size,
+    score_distributed(ctx.model, list(s.specs), ctx.examples, store, cache_dir=cache, batch_size=s.batch_size,
                       calibration=calibration, progress=ctx.progress)
     with ScoreStore(store) as scores:  # score_distributed returns on every rank after rank 0's merge
-        return scores.errors_frame(model_hash(ctx.model), [str(parse_spec(m)) for m in s.methods],
+        return scores.errors_frame(model_hash(ctx.model), [str(spec) for spec in s.specs],
                                    ctx.examples.ids, complete=False)
 
 
@@ -70,7 +70,7 @@ def method_errors(ctx: ReportContext) -> pd.DataFrame:
 
 
 def patched_spec(ctx: ReportContext) -> str:
-    return str(parse_spec(ctx.settings.patch_method))
+    return str(ctx.settings.patch_spec)
 
 
 def short_spec(spec: str) -> str:
