@@ -32,9 +32,9 @@ give the same inputs to the bit as re-running the block from its start for each 
 are one ``LayerInputs``, so the layers that share them (q, k,
 v; gate, up) share ``X^T X`` and the other statistics the quantizers derive from them.
 
-Quantized models can be saved (:func:`save_quantized`: safetensors of the block weights
+Quantized models can be saved (:func:`~interp.quant.saving.save_quantized`: safetensors of the block weights
 plus JSON provenance) and loaded onto a fresh copy of the reference without redoing the
-work (:func:`load_quantized`). :func:`quantize_cached` does both through a disk cache
+work (:func:`~interp.quant.saving.load_quantized`). :func:`quantize_cached` does both through a disk cache
 keyed by (reference hash, canonical spec, calibration hash).
 
 Example:
@@ -49,9 +49,7 @@ Example:
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
-import json
 import os
 import time
 from collections.abc import Callable
@@ -61,78 +59,43 @@ from typing import Any
 
 import torch
 from filelock import FileLock
-from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from interp import models
 from interp.data import Examples
 from interp.errors import ComponentError, InterpError, SpecError
-from interp.io import ensure_writable_dir, is_complete, staged_folder, write_file, write_json
+from interp.io import ensure_writable_dir
 from interp.models import Model, model_hash, model_name  # model_hash is re-exported here
 from interp.quant.calibration import FEEDER_VERSION, LayerFeeder, OutOfOrder
 from interp.quant.methods import LayerInputs, relative_error
 from interp.quant.methods._common import quantize_parsed
+from interp.quant.saving import (  # noqa: F401 (saving and loading, importable from here as before)
+    FORMAT_VERSION,
+    INFO_FILE,
+    QUANTIZED_KIND,
+    WEIGHTS_FILE,
+    QuantInfo,
+    _file_sha256,
+    _info_from_record,
+    _is_saved_quantized,
+    _label,
+    load_quantized,
+    quantized_model_info,
+    read_quant_info,
+    save_quantized,
+)
 from interp.quant.spec import METHODS, MethodSpec, parse_spec
 from interp.runtime import hooks, placement
 from interp.runtime.batching import check_examples, device_of, kernels, show_progress
-from interp.validate import checked, checked_class
+from interp.validate import checked
 
 ROLES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 # Linear layers that read the same input, in the order the forward pass reaches them.
 SHARED_INPUT_GROUPS: tuple[tuple[str, ...], ...] = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
-WEIGHTS_FILE = "quantized.safetensors"
-QUANTIZED_KIND = "quantized"  # the kind in a saved folder's interp marker (interp.io.MARKER)
-INFO_FILE = "quant.json"
-FORMAT_VERSION = 2  # 2: written whole and renamed once; the label carries the weights' SHA-256
-
-
-@checked_class
-@dataclass(frozen=True)
-class QuantInfo:
-    """How a quantized model was made (attached to it as ``model.quant_info``).
-
-    Attributes:
-        spec: canonical method spec.
-        reference_hash: :func:`~interp.models.model_hash` of the reference model.
-        reference_name: the reference model's name.
-        calibration: ``None`` for calibration-free methods, else the calibration set's
-            hash, size, length and settings.
-        layer_seconds: wall time per block (calibration forwards included).
-        role_seconds: total ``quantize_weight`` time per linear role.
-        calibration_seconds: time spent collecting calibration inputs.
-        relative_errors: ``"layer.role"`` -> ``||W - W_hat||_F / ||W||_F``.
-        algorithm: :func:`~interp.quant.apply.algorithm_version` of the code that made the weights.
-
-    Example:
-        >>> import interp
-        >>> from interp.quant import model_hash, quantize
-        >>> model = interp.tiny_model("llama")
-        >>> info = quantize(model, "rtn:bits=4,group=32", progress=False).quant_info
-        >>> info.spec, info.reference_hash == model_hash(model), info.calibration is None
-        ('rtn:bits=4,group=32,zero=float', True, True)
-    """
-
-    spec: str
-    reference_hash: str
-    reference_name: str
-    calibration: dict[str, Any] | None
-    layer_seconds: list[float] = field(default_factory=list)
-    role_seconds: dict[str, float] = field(default_factory=dict)
-    calibration_seconds: float = 0.0
-    relative_errors: dict[str, float] = field(default_factory=dict)
-    algorithm: str = ""
-
-    @property
-    def seconds_per_layer(self) -> float:
-        return sum(self.layer_seconds) / max(1, len(self.layer_seconds))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
 @dataclass
 class QuantLog:
-    """What quantizing collects block by block (times, weight errors); :class:`QuantInfo` is built from it once."""
+    """What quantizing collects block by block (times, weight errors); the
+    :class:`~interp.quant.saving.QuantInfo` is built from it once."""
 
     layer_seconds: list[float] = field(default_factory=list)
     role_seconds: dict[str, float] = field(default_factory=dict)
@@ -221,7 +184,7 @@ def quantize(
         batch_size: calibration examples per block forward.
 
     Returns:
-        A new bridge with the quantized weights; ``.quant_info`` is a :class:`~interp.quant.apply.QuantInfo`
+        A new bridge with the quantized weights; ``.quant_info`` is a :class:`~interp.quant.saving.QuantInfo`
         and ``.info`` is the reference's, renamed, with a source hash of its own.
 
     Raises:
@@ -418,99 +381,8 @@ def _replays(feeder: LayerFeeder, slots: dict[str, Any], groups: list[list[str]]
     return same and all(torch.equal(a, b) for a, b in zip(feeder.outputs(layer), outputs, strict=True))
 
 
-def quantized_model_info(reference: Model, info: QuantInfo) -> Any:
-    """The ``info`` a quantized copy of ``reference`` carries (its own name and identity), or ``None``
-    when the reference has none; :class:`~interp.quant.inplace.SavedWeights` names itself by it too."""
-    calibration_hash = (info.calibration or {}).get("hash", "none")
-    identity = hashlib.sha256(f"{info.reference_hash}|{info.spec}|{calibration_hash}".encode()).hexdigest()
-    ref_info = getattr(reference, "info", None)
-    if ref_info is None:
-        return None
-    return dataclasses.replace(ref_info, name=f"{ref_info.name}+{info.spec}", source_hash=identity)
-
-
-def _label(qmodel: Model, reference: Model, info: QuantInfo) -> None:
-    """Attach ``quant_info`` and give the copy its own name and identity."""
-    model_info = quantized_model_info(reference, info)
-    if model_info is not None:
-        object.__setattr__(qmodel, "info", model_info)
-    object.__setattr__(qmodel, "quant_info", info)
-
-
 # ---------------------------------------------------------------------------------------
-# Saving and loading
-
-
-@checked
-def save_quantized(model: Model, path: str | os.PathLike[str], info: QuantInfo | None = None) -> Path:
-    """Write a quantized model's block weights (safetensors) and its :class:`QuantInfo` (JSON).
-
-    ``info`` describes the weights when ``model`` carries them in place (see
-    :mod:`interp.quant.inplace`); by default it is ``model.quant_info``.
-
-    Only the quantized weights are written (the rest equals the reference). The folder is
-    written whole into a temporary sibling and renamed into place once (through
-    :func:`interp.io.staged_folder`), so ``path`` is either absent, the previous folder, or complete;
-    never weights of one spec under the label of another. The JSON records the weights file's size
-    and SHA-256, checked on load. An existing ``path`` must be empty or an earlier saved quantized
-    model: a folder with other files is refused, and files interp did not write are never removed.
-
-    Example:
-        >>> import pathlib, tempfile
-        >>> import interp
-        >>> from interp.quant import quantize, save_quantized
-        >>> qmodel = quantize(interp.tiny_model("llama"), "rtn:bits=4,group=32", progress=False)
-        >>> folder = save_quantized(qmodel, pathlib.Path(tempfile.mkdtemp()) / "rtn4")
-        >>> sorted(p.name for p in folder.iterdir())  # the first marks the folder as interp's (interp.io)
-        ['.interp-output.json', 'quant.json', 'quantized.safetensors']
-    """
-    info = info if info is not None else getattr(model, "quant_info", None)
-    if info is None:
-        raise InterpError("save_quantized needs a model returned by interp.quant.quantize (it has no quant_info).")
-    out = Path(path)
-    tensors = {}
-    for layer in range(hooks.n_layers(model)):
-        with placement.onloaded(model, [layer]):  # an offloaded block's weights come to memory to be written
-            tensors.update({f"{layer}.{role}": slot.read().detach().cpu().contiguous()
-                            for role, slot in hooks.linear_weights(model, layer).items()})
-    with staged_folder(out, QUANTIZED_KIND, adopt=_is_saved_quantized) as tmp:
-        weights = write_file(tmp / WEIGHTS_FILE, lambda p: save_file(tensors, str(p)))
-        record = {"format": FORMAT_VERSION, "weights_bytes": weights.stat().st_size,
-                  "weights_sha256": _file_sha256(weights), **info.to_dict()}
-        write_json(tmp / INFO_FILE, record)
-    return out
-
-
-def _is_saved_quantized(folder: Path) -> bool:
-    """A folder :func:`save_quantized` wrote before output folders carried interp's marker: its
-    ``quant.json`` is interp's record, and it holds nothing else but the weights."""
-    try:
-        record = json.loads((folder / INFO_FILE).read_text())
-    except (OSError, ValueError):
-        return False
-    own = {INFO_FILE, WEIGHTS_FILE}
-    return (isinstance(record, dict) and record.get("format") == FORMAT_VERSION and "reference_hash" in record
-            and all(p.name in own for p in folder.iterdir()))
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def read_quant_info(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The JSON record of a saved quantized model, or ``None`` if the folder is absent or incomplete."""
-    folder = Path(path)
-    try:
-        record = json.loads((folder / INFO_FILE).read_text())
-        complete = (folder / WEIGHTS_FILE).stat().st_size == record.get("weights_bytes") and is_complete(folder)
-    except (OSError, json.JSONDecodeError):
-        return None
-    has_hash = isinstance(record.get("weights_sha256"), str)
-    return record if complete and has_hash and record.get("format") == FORMAT_VERSION else None
+# The disk cache (a quantized model's folder is written and read by interp.quant.saving)
 
 
 def cached_quant_info(reference: Model, spec: str | MethodSpec, calibration: Examples | None = None,
@@ -542,55 +414,6 @@ def _cached_quant_info(reference: Model, spec: MethodSpec, calibration: Examples
     if record is None or record.get("spec") != str(spec):
         return None
     return _info_from_record(record)
-
-
-def _info_from_record(record: dict[str, Any]) -> QuantInfo:
-    """The QuantInfo a saved ``quant.json`` describes (its other keys are the file's own)."""
-    fields = {f.name for f in dataclasses.fields(QuantInfo)}
-    return QuantInfo(**{k: v for k, v in record.items() if k in fields})
-
-
-@checked
-def load_quantized(reference: Model, path: str | os.PathLike[str]) -> Any:
-    """A copy of ``reference`` carrying the quantized weights saved in ``path``.
-
-    Raises:
-        InterpError: the folder is missing or incomplete, or it was made from another model.
-
-    Example:
-        >>> import pathlib, tempfile, torch
-        >>> import interp
-        >>> from interp.quant import load_quantized, quantize, save_quantized
-        >>> model = interp.tiny_model("llama")
-        >>> qmodel = quantize(model, "rtn:bits=4,group=32", progress=False)
-        >>> back = load_quantized(model, save_quantized(qmodel, pathlib.Path(tempfile.mkdtemp()) / "rtn4"))
-        >>> tokens = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(0))
-        >>> bool(torch.equal(back(tokens), qmodel(tokens)))
-        True
-    """
-    record = read_quant_info(path)
-    if record is None:
-        raise InterpError(f"{path} holds no complete quantized model (expected {INFO_FILE} and {WEIGHTS_FILE}).")
-    expected = model_hash(reference)
-    if record["reference_hash"] != expected:
-        raise InterpError(
-            f"The quantized weights in {path} were made from model {record['reference_hash']}, "
-            f"not from this reference ({expected}). Quantize this model again."
-        )
-    if _file_sha256(Path(path) / WEIGHTS_FILE) != record["weights_sha256"]:
-        raise InterpError(
-            f"The weights in {path} are not the ones its {INFO_FILE} describes ({record['spec']}): the folder "
-            "was changed or mixed up after it was written. Delete it and quantize again."
-        )
-    tensors = load_file(str(Path(path) / WEIGHTS_FILE))
-    qmodel = copy.deepcopy(reference)
-    qmodel.eval()
-    with torch.no_grad():
-        for layer in range(hooks.n_layers(qmodel)):
-            for role, slot in hooks.linear_weights(qmodel, layer).items():
-                slot.write(tensors[f"{layer}.{role}"])
-    _label(qmodel, reference, _info_from_record(record))
-    return qmodel
 
 
 def algorithm_version(spec: str | MethodSpec) -> str:

@@ -106,7 +106,7 @@ def _checked_record(reference: Model, folder: Path, reference_hash: str) -> dict
 
 
 class SavedWeights:
-    """The block weights saved in a quantized-model folder (:func:`~interp.quant.apply.save_quantized`),
+    """The block weights saved in a quantized-model folder (:func:`~interp.quant.saving.save_quantized`),
     read one block at a time (the file is mapped only while a block is read): a
     :class:`~interp.runtime.swap.BlockWeights` source for :func:`~interp.runtime.swap.swapped`.
 
@@ -116,8 +116,8 @@ class SavedWeights:
         reference_hash: its :func:`~interp.models.model_hash`, when already known.
 
     Attributes:
-        info: the weights' :class:`~interp.quant.apply.QuantInfo`.
-        model_info: the ``info`` that :func:`~interp.quant.apply.load_quantized`'s copy would carry
+        info: the weights' :class:`~interp.quant.saving.QuantInfo`.
+        model_info: the ``info`` that :func:`~interp.quant.saving.load_quantized`'s copy would carry
             (``None`` for a reference without one), so ``model_hash`` of anything carrying it is the copy's.
         name: that copy's name (``"<reference>+<spec>"``), which results record for the target.
     """
