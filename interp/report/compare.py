@@ -19,8 +19,8 @@ from interp.report.verdicts import NOT_TESTABLE, VERDICTS, Measurement
 def comparison(key: str, measurement: Measurement | None) -> str:
     """One sentence comparing this run's ``measurement`` with the paper, by claim ``key``'s pre-registered rule.
 
-    The same :func:`judge` the report's reproduction table applies, so a notebook and the report say the same
-    thing about the same numbers (the verdict, and why).
+    The same :func:`~interp.report.reproduction.judge` the report's reproduction table applies, so a notebook
+    and the report say the same thing about the same numbers (the verdict, and why).
 
     Example:
         >>> from interp.stats import Estimate

@@ -7,7 +7,7 @@ Every finding the report reproduces is declared here once, before anything is me
 - a criterion, fixed in code, that turns the statistic and its interval into one verdict.
 
 **The verdicts** (what each asserts, and why a wider interval never earns a stronger one) are
-defined in :mod:`interp.report.verdicts`, with the :class:`Measurement` a rule reads.
+defined in :mod:`interp.report.verdicts`, with the :class:`~interp.report.verdicts.Measurement` a rule reads.
 
 **The levels** come from the papers' own numbers (the paper's weakest model where it reports
 several); the few thresholds that are this project's own (:data:`LITTLE`, :data:`EARLY_EXIT_SHARE`)
@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping
 import pandas as pd
 import scipy.stats as sps
 
+from interp.report import verdicts
 from interp.report.verdicts import (  # noqa: F401 (the claims' vocabulary, importable from here as before)
     AS_STRONG,
     BY_CONSTRUCTION,
     CONCLUDING,
-    CONCLUSIONS,
     CONSISTENT,
     CONTRADICTED,
     DIAGNOSTIC,
@@ -49,6 +49,8 @@ from interp.report.verdicts import (  # noqa: F401 (the claims' vocabulary, impo
     measurement_to_dict,
 )
 from interp.stats import MIN_INSTANCES, Estimate
+
+CONCLUSIONS: dict[str, frozenset[str]] = verdicts.CONCLUSIONS  # what each verdict asserts (named here for the rules)
 
 SAOBP_PAPER = "SAOBP (arXiv 2509.07324)"
 QUANT_PAPER = "Quantization errors (arXiv 2506.12044)"

@@ -2,9 +2,9 @@
 :func:`~interp.localize.patching.engine.patch_naive`, attribution, path patching, EAP).
 
 Each runs before any forward: the two models and their example rows fit together
-(:func:`_check_pair`), every patch names a real hook point, layer, position and head
-(:func:`_checked_patches`), and padded rows or pairs of different lengths have an end-aligned
-counterpart for every explicit position (:func:`_checked_lengths`). :func:`_result` refuses
+(``_check_pair``), every patch names a real hook point, layer, position and head
+(``_checked_patches``), and padded rows or pairs of different lengths have an end-aligned
+counterpart for every explicit position (``_checked_lengths``). ``_result`` refuses
 non-finite values and assembles the :class:`~interp.localize.patching.results.PatchResult`.
 """
 

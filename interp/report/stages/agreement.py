@@ -50,7 +50,7 @@ def paper_agreement(errors: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0
 def agreement_claims(groups: dict[str, list[tuple[str, str]]], lines: dict[str, dict[str, Any]]
                      ) -> dict[str, Measurement]:
     """The agreement and top-10% Jaccard measurements of :func:`paper_agreement`'s result, as the report and
-    notebook 04 judge them (:func:`interp.report.reproduction.comparison`)."""
+    notebook 04 judge them (:func:`interp.report.compare.comparison`)."""
     paper = lines.get(PAPER_PAIRS)
     if paper is None:
         return {"agreement": Measurement(untestable="fewer than two specs that the paper's pair rule can pair")}

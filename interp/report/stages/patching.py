@@ -27,7 +27,7 @@ def patching_claims(table_result: Any, gate: Any, n_boot: int = N_BOOT, seed: in
     """The patching claims' measurements (each component's NLL-scale recovery and its margin to the other kind,
     and the gate input against the gate weights) from :func:`~interp.localize.patching.patching_table`'s and
     :func:`~interp.localize.patching.gate_input_vs_gate_weights`' results, as the report and notebook 05 judge
-    them (:func:`interp.report.reproduction.comparison`); and the paired bootstrap of the recoveries."""
+    them (:func:`interp.report.compare.comparison`); and the paired bootstrap of the recoveries."""
     values = table_result.values.double().numpy()
     patched = {p.component: values[i] for i, p in enumerate(table_result.patches)}
     boot = pr.recovery_boot(table_result.target.double().numpy(), table_result.source.double().numpy(), patched,
