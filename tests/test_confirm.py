@@ -11,7 +11,7 @@ import pytest
 
 import interp
 from interp.errors import InterpError
-from interp.report import confirm
+from interp.report import confirm, confirm_run
 from interp.report import reproduction as rp
 
 
@@ -139,7 +139,7 @@ def test_run_and_analyse_on_a_tiny_model(tmp_path, corpus, monkeypatch):
     """The whole protocol on a 2-layer random llama: every raw file written, a resumed run recomputes
     nothing, and the analysis judges every quantization claim."""
     monkeypatch.setenv("INTERP_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(confirm, "load_model", lambda name: interp.tiny_model("llama"))
+    monkeypatch.setattr(confirm_run, "load_model", lambda name: interp.tiny_model("llama"))  # the run loads it
     p = confirm.Preregistration.load(_prereg(tmp_path, corpus))
     out = confirm.run(p, tmp_path / "run", progress=False)
     files = sorted(x.name for x in (out / "localize").iterdir())

@@ -26,23 +26,19 @@ protocol that a referee asks for, fixed in a pre-registration file committed bef
    With fewer than 3 instances the verdict is "instance-limited". Agreement resamples which instance
    of each calibrated method enters a pair.
 
-The run (:func:`run`) writes raw per-example data as it goes (parquet and JSON, resumable after a
-kill at the granularity of one scored model or one localization step); the analysis
+The run (:func:`~interp.report.confirm_run.run`) writes raw per-example data as it goes (parquet and JSON,
+resumable after a kill at the granularity of one scored model or one localization step); the analysis
 (:func:`analyse`) is cheap and reads only those files, so its numbers can be recomputed from the
 committed data. ``python -m interp.report.confirm PREREG --out DIR`` runs both.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import gc
 import hashlib
 import inspect
 import json
 import math
-import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -55,19 +51,18 @@ import torch
 from interp import stats
 from interp.data import Examples, load_examples
 from interp.errors import InterpError
-from interp.io import copy_file, copy_tree, write_csv, write_file, write_json
-from interp.localize.patching import gate_input_vs_gate_weights, patching_table
-from interp.localize.restoration import restoration_sweep
-from interp.localize.tuned_lens import tuned_early_exit, tuned_lens_cached
-from interp.models import cache_dir, load_model, weights_digest
-from interp.probes import probe
+from interp.io import copy_file, copy_tree, write_csv, write_json
 from interp.quant import protocol as pr
-from interp.quant.analysis import reversal, split_large_ctrl
-from interp.quant.apply import quantize_cached
 from interp.quant.spec import parse_spec
 from interp.report import reproduction as rp
-from interp.runtime.batching import batches, cpu_identity, kernels
-from interp.runtime.scoring import token_nll_fn
+from interp.report.confirm_raw import (  # noqa: F401 (the raw data's folder, importable from here as before)
+    _arrays,
+    _Folder,
+    _label,
+    _record_weights,
+    _token_nll,
+)
+from interp.runtime.batching import kernels
 from interp.stats import Estimate
 
 REPO = Path(__file__).resolve().parents[2]  # interp/report/confirm.py -> the checkout
@@ -99,7 +94,8 @@ def criteria_fingerprint() -> str:
     thresholds), and the source code of the rules and of the statistics they read (``_judging_functions``).
 
     Any change to how a claim is measured or judged changes this value, so a pre-registration pins the
-    behaviour, not only its description; :func:`run` and :func:`analyse` refuse a registration it does not match.
+    behaviour, not only its description; :func:`~interp.report.confirm_run.run` and :func:`analyse` refuse a
+    registration it does not match.
     """
     def numeric(value: Any) -> bool:
         if isinstance(value, dict):
@@ -219,232 +215,7 @@ def fresh_examples(tokenizer: Any, data: str, n: int, seq_len: int, seed: int, e
 
 
 # ---------------------------------------------------------------------------------------
-# The run: raw per-example data, written as it goes
-
-
-def _label(spec: str, instance: int | None) -> str:
-    return str(parse_spec(spec)) + ("" if instance is None else f"#{instance}")
-
-
-def _token_nll(model: Any, examples: Examples, batch_size: int) -> np.ndarray:
-    score = token_nll_fn(model)
-    rows = []
-    with torch.no_grad():
-        for start, end in batches(len(examples), batch_size):
-            rows.append(score(examples.tokens[start:end]).double().cpu().numpy())
-    return np.concatenate(rows)
-
-
-class _Folder:
-    """The run's output folder: one file per finished step, so a killed run resumes where it stopped."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = out
-        (out / "token_nll").mkdir(parents=True, exist_ok=True)
-        (out / "localize").mkdir(parents=True, exist_ok=True)
-
-    def token_path(self, label: str) -> Path:
-        return self.out / "token_nll" / (hashlib.sha256(label.encode()).hexdigest()[:16] + ".parquet")
-
-    def save_tokens(self, label: str, values: np.ndarray, ids: list[str]) -> None:
-        frame = pd.DataFrame(values.astype(np.float64), index=ids, columns=[f"t{j}" for j in range(values.shape[1])])
-        frame.attrs = {}
-        write_file(self.token_path(label), lambda tmp: frame.assign(label=label).to_parquet(tmp))
-
-    def tokens(self, label: str) -> np.ndarray:
-        frame = pd.read_parquet(self.token_path(label))
-        return frame.drop(columns="label").to_numpy(dtype=np.float64)
-
-    def read(self, name: str) -> dict[str, Any]:
-        """A finished step's data (the analysis never computes: a missing step is an error)."""
-        path = self.out / "localize" / f"{name}.json"
-        if not path.exists():
-            raise InterpError(f"{path} is missing: the run has not finished that step (run it again to resume).")
-        return json.loads(path.read_text())
-
-    def step(self, name: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        path = self.out / "localize" / f"{name}.json"
-        if path.exists():
-            return json.loads(path.read_text())
-        result = compute()
-        write_json(path, result)
-        return result
-
-
-def _arrays(values: torch.Tensor) -> list[float]:
-    return [float(v) for v in values.double().cpu().reshape(-1)]
-
-
-def run(p: Preregistration, out: str | Path, progress: bool | None = None) -> Path:
-    """Compute (or resume) every raw measurement of the confirmatory protocol into ``out``."""
-    p.check_criteria()
-    folder = _Folder(Path(out))
-    model = load_model(p.model)
-    examples = heldout_examples(model.tokenizer, p)
-    start = {"commit": _commit(), "kernels": kernels("cpu"), "cpu": cpu_identity(), "threads": torch.get_num_threads(),
-             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "token_files_done": sorted(f.stem for f in (folder.out / "token_nll").glob("*.parquet")),
-             "steps_done": sorted(f.stem for f in (folder.out / "localize").glob("*.json"))}
-    earlier = _earlier_starts(folder.out / "examples.json", list(examples.ids), p)
-    # kernels, threads and commit name the latest start; ``starts`` keeps every (re)start of a run resumed across
-    # machines, with what was already done when it began
-    write_json(folder.out / "examples.json", {"ids": list(examples.ids), "settings": examples.settings,
-                                              "vocab": int(model.cfg.d_vocab), "kernels": start["kernels"],
-                                              "threads": start["threads"], "commit": start["commit"],
-                                              "preregistration": p.name,
-                                              "preregistration_sha256": p.sha256, "starts": [*earlier, start]})
-    bs = p.batch_size
-    calibrations = [load_examples(p.data, model.tokenizer, n=p.calibration_n, seq_len=p.seq_len, seed=s,
-                                  split="calibration") for s in p.calibration_seeds]
-    todo: list[tuple[str, str, int | None]] = [("reference", "reference", None)]
-    todo += [(_label(s, None), s, None) for s in p.free_specs]
-    todo += [(_label(s, i), s, i) for i in range(len(p.calibration_seeds)) for s in p.calibrated_specs]
-    for label, spec, instance in todo:
-        if folder.token_path(label).exists():
-            continue
-        if spec == "reference":
-            values = _token_nll(model, examples, bs)
-        else:
-            cal = calibrations[instance] if instance is not None else None
-            quantized = quantize_cached(model, spec, cal, cache_dir=cache_dir() / "quantized", progress=progress,
-                                        batch_size=bs)
-            _record_weights(folder, "scored", label, quantized)
-            values = _token_nll(quantized, examples, bs)
-            del quantized
-            gc.collect()
-        folder.save_tokens(label, values, list(examples.ids))
-    folder.step("norms", lambda: _norms(model, examples, bs, progress))
-    errors = _errors(folder, p, examples)
-    split = split_large_ctrl(errors[_label(p.patched_spec, 0)], examples, top=p.top, seed=p.seed)
-    write_json(folder.out / "split.json", {"large": split.large_ids, "ctrl": split.ctrl_ids,
-                                           "dropped": split.dropped_ids, "selected_on": _label(p.patched_spec, 0)})
-    if len(split.large) < p.min_d_large:
-        raise InterpError(f"D_large holds {len(split.large)} examples after deduplication; the pre-registration "
-                          f"asks for at least {p.min_d_large}.")
-    lens = tuned_lens_cached(model, calibrations[0], cache_dir() / "tuned_lens", batch_size=bs, progress=progress)
-    for instance in range(1, len(p.calibration_seeds)):
-        _localize(folder, p, model, split, calibrations[instance], instance, lens, progress,
-                  everything=examples)
-    return folder.out
-
-
-def _earlier_starts(path: Path, ids: list[str], p: Preregistration) -> list[dict[str, Any]]:
-    """The earlier starts recorded in a run folder; refuses a folder whose run drew other examples or another
-    registration (resuming it would mix two runs)."""
-    if not path.is_file():
-        return []
-    meta = json.loads(path.read_text())
-    if meta.get("preregistration_sha256") != p.sha256 or meta.get("ids") != ids:
-        raise InterpError(f"{path.parent} holds a run of another registration or of other held-out examples "
-                          f"({meta.get('preregistration')}); give this run its own --out folder.")
-    return list(meta.get("starts", [{k: meta.get(k) for k in ("commit", "kernels", "threads")}]))
-
-
-def _commit() -> str:
-    """The checkout's git commit (with ``+dirty`` when it has uncommitted changes), or why it is unknown."""
-    import subprocess
-
-    try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=30, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (not a git checkout)"
-    return head + ("+dirty" if dirty else "")
-
-
-def _norms(model: Any, examples: Examples, bs: int, progress: bool | None) -> dict[str, Any]:
-    result = probe(model, examples, ["resid_mid"], ["norm"], batch_size=bs, exclude_bos=True, progress=progress)
-    norms = result["resid_mid", "norm"].double().numpy()
-    return {"layers": [int(x) for x in result.layers], "norms": norms.tolist()}
-
-
-def _record_weights(folder: _Folder, stage: str, label: str, model: Any) -> None:
-    """Keep a quantized model's weights digest in ``models.json``: under ``scored`` when its per-token NLL is
-    written, under ``localized`` when a localization instance loads it.
-
-    A run resumed after its quantized-model cache was lost quantizes again, and on another machine the result
-    differs even under the same kernels label (docs/reproduction.md, "One machine's verdict is not the
-    verdict"). The digests make that visible in the raw data, and the run says so when it happens; each
-    localization step records its own quantized NLL, so the analysis never mixes the two models."""
-    path = folder.out / "models.json"
-    record = json.loads(path.read_text()) if path.is_file() else {"scored": {}, "localized": {}}
-    digest = weights_digest(model)
-    record[stage][label] = digest
-    write_json(path, record)
-    scored = record["scored"].get(label)
-    if stage == "localized" and scored is not None and scored != digest:
-        print(f"note: {label} is localized on other weights than the ones its per-token NLL was scored with "
-              f"(weights digest {digest[:12]}, scored {scored[:12]}): the quantized-model cache of an earlier start "
-              "is gone and this machine quantized it again. models.json records both.", file=sys.stderr)
-
-
-def _localize(folder: _Folder, p: Preregistration, model: Any, split: Any, calibration: Examples, instance: int,
-              lens: Any, progress: bool | None, everything: Examples | None = None) -> None:
-    bs = p.batch_size
-    loaded: dict[str, Any] = {}
-
-    def quantized() -> Any:
-        if "model" not in loaded:
-            loaded["model"] = quantize_cached(model, p.patched_spec, calibration, cache_dir=cache_dir() / "quantized",
-                                              progress=progress, batch_size=bs)
-            _record_weights(folder, "localized", _label(p.patched_spec, instance), loaded["model"])
-        return loaded["model"]
-
-    def patching() -> dict[str, Any]:
-        result = patching_table(model, quantized(), split.large, batch_size=bs, progress=progress)
-        gate = gate_input_vs_gate_weights(model, quantized(), split.large, batch_size=bs, progress=progress)
-        return {"target": _arrays(result.target), "source": _arrays(result.source),
-                "patched": {pt.component: _arrays(result.values[i]) for i, pt in enumerate(result.patches)},
-                "gate_input": _arrays(gate.patched.values[0]), "gate_weights_restored": _arrays(gate.restored_nll)}
-
-    def restoration() -> dict[str, Any]:
-        n_layers = model.info.n_layers
-        k = max(1, round(n_layers * 7 / 40))
-        rng = np.random.default_rng(p.seed + instance)
-        orders = {"top": list(range(n_layers - 1, -1, -1)), "bottom": list(range(n_layers))}
-        orders.update({f"random{d}": [int(x) for x in rng.permutation(n_layers)]
-                       for d in range(p.restoration_null_draws)})
-        out: dict[str, Any] = {"k": k}
-        for name, order in orders.items():
-            result = restoration_sweep(quantized(), model, split.large, ks=[0, k], order=order, batch_size=bs,
-                                       progress=progress)
-            out[name] = {"layers": result.restored[1], "nll_k": _arrays(result.nll[1])}
-            out["quantized"], out["reference"] = _arrays(result.nll[0]), _arrays(result.reference_nll)
-        return out
-
-    def early_exit() -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, m in (("reference", model), ("quantized", quantized())):
-            for set_name, ex in (("large", split.large), ("ctrl", split.ctrl)):
-                r = tuned_early_exit(m, lens, ex, batch_size=bs)
-                out[f"{name}/{set_name}"] = r.nll.double().numpy().tolist()
-                out["layers"] = [int(x) for x in r.layers]
-        return out
-
-    def reversal_step() -> dict[str, Any]:
-        rev = reversal(model, {p.patched_spec: quantized()}, split.large, split.ctrl, batch_size=bs, n_boot=p.n_boot,
-                       seed=p.seed, progress=progress)
-        return {"mse": rev.mse.to_dict(orient="list"), "per_example": rev.per_example.to_dict(orient="list"),
-                "outliers": rev.outliers.to_dict(orient="list")}
-
-    def reversal_all() -> dict[str, Any]:  # corr(||h||, MSE) over every example, not only the selected sets
-        assert everything is not None
-        half = len(everything) // 2
-        rev = reversal(model, {p.patched_spec: quantized()}, everything.subset(range(half)),
-                       everything.subset(range(half, len(everything))), batch_size=bs, n_boot=p.n_boot, seed=p.seed,
-                       progress=progress)
-        return {"mse": rev.mse.to_dict(orient="list")}
-
-    folder.step(f"patching#{instance}", patching)
-    folder.step(f"restoration#{instance}", restoration)
-    folder.step(f"early_exit#{instance}", early_exit)
-    folder.step(f"reversal#{instance}", reversal_step)
-    if everything is not None:
-        folder.step(f"reversal_all#{instance}", reversal_all)
-    loaded.clear()
-    gc.collect()
+# The run's raw data (written by interp.report.confirm_run, in the folder interp.report.confirm_raw keeps)
 
 
 def _errors(folder: _Folder, p: Preregistration, examples: Examples) -> pd.DataFrame:
@@ -775,38 +546,19 @@ def write_results(result: dict[str, Any], folder: str | Path, raw_from: str | Pa
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m interp.report.confirm PREREG.json --out RUN_DIR [--write DOCS_DATA_DIR]``."""
-    parser = argparse.ArgumentParser(description="Run (or resume) a pre-registered confirmatory reproduction.")
-    parser.add_argument("prereg", help="the pre-registration JSON file (docs/preregistration/)")
-    parser.add_argument("--out", required=True, help="folder for the raw per-example data (resumable)")
-    parser.add_argument("--write", help="also write the analysis tables here (e.g. docs/data/reproduction/...)")
-    parser.add_argument("--analyse-only", action="store_true", help="skip the run; analyse the raw data in --out")
-    args = parser.parse_args(argv)
-    try:
-        p = Preregistration.load(args.prereg)
-        if not args.analyse_only:
-            run(p, args.out, progress=True)
-        elif not (Path(args.out) / "examples.json").is_file():
-            raise InterpError(f"{args.out} holds no run of {p.name} (no examples.json): run it first, without "
-                              "--analyse-only.")
-        result = analyse(p, args.out)
-    except InterpError as exc:
-        print(f"error: {exc}")
-        return 2
-    except FileNotFoundError as exc:
-        print(f"error: the run in {args.out} is incomplete ({exc.filename} is missing): run it again without "
-              "--analyse-only to resume.")
-        return 2
-    if args.write:
-        write_results(result, args.write, raw_from=args.out)
-    print(result["reproduction"][["claim", "measured here", "verdict"]].to_string())
-    return 0
+def __getattr__(name: str) -> Any:
+    """The run and the command, still importable from here: they live in :mod:`interp.report.confirm_run`, which
+    imports this module (looked up on use, so the two import no cycle)."""
+    if name in ("run", "main"):
+        import importlib
+
+        return getattr(importlib.import_module("interp.report.confirm_run"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":
-    # Run the imported module's main, not this copy's: under ``python -m`` the functions defined here belong to
+    # Run the imported modules' main, not this copy's: under ``python -m`` the functions defined here belong to
     # ``__main__``, and their qualified names enter the fingerprint, which would then never match a registration.
-    from interp.report.confirm import main as _imported_main
+    import importlib
 
-    raise SystemExit(_imported_main())
+    raise SystemExit(importlib.import_module("interp.report.confirm_run").main())
