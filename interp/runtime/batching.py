@@ -87,7 +87,17 @@ def non_finite_weights(model: Model) -> list[str]:
     named = module.named_parameters() if isinstance(module, torch.nn.Module) else ()
     # an offloaded weight (device_map) is a meta placeholder here: reading it would load the whole model
     return [name.replace("._original_component", "") for name, weight in named
-            if not weight.is_meta and not bool(torch.isfinite(weight).all())]
+            if not weight.is_meta and not _all_finite(weight)]
+
+
+_FINITE_CHUNK = 1 << 22  # values checked at once: isfinite of a bfloat16 weight makes float32 and bool temporaries
+
+
+def _all_finite(weight: torch.Tensor) -> bool:
+    """``torch.isfinite(weight).all()``, 4M values at a time: on the whole of a 1B model's bfloat16 embedding the
+    temporaries took 0.47 GiB, the peak of ``interp circuit``; in slices they take a few MiB."""
+    flat = weight.detach().reshape(-1)
+    return all(bool(torch.isfinite(flat[i : i + _FINITE_CHUNK]).all()) for i in range(0, flat.numel(), _FINITE_CHUNK))
 
 
 def listed(names: list[str], most: int = 3) -> str:
