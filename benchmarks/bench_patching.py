@@ -117,7 +117,7 @@ def child(scenario: str, method: str, args: argparse.Namespace, out: Path) -> No
                          batch_size=8).values
     else:
         examples = interp.load_examples("wiki", reference.tokenizer, n=args.n, seq_len=args.seq_len, seed=0)
-        layers = range(15, 30) if scenario == "upper" else range(30)
+        layers = _layers(scenario, args)
         components = args.components.split(",")
         jobs = patching.single_layer_patches(components, layers)
         if method == "attribution":
@@ -134,6 +134,13 @@ def child(scenario: str, method: str, args: argparse.Namespace, out: Path) -> No
               "peak_mib": _peak_mib(), "models_mib": baseline, "n_patches": int(values.shape[0])}
     save_file({"values": values.contiguous()}, str(out / f"{scenario}-{method}.safetensors"))
     (out / f"{scenario}-{method}.json").write_text(json.dumps(record))
+
+
+def _layers(scenario: str, args: argparse.Namespace) -> list[int]:
+    """The sweep's layers: ``--layers`` when given (e.g. ``0,8,16,24``), else 15-29 (``upper``) or 0-29."""
+    if args.layers:
+        return [int(x) for x in args.layers.split(",")]
+    return list(range(15, 30) if scenario == "upper" else range(30))
 
 
 def _tl_loop(target: Any, source: Any, examples: Any, jobs: list, source_examples: Any, metric: Any,
@@ -170,7 +177,7 @@ def _tl_loop(target: Any, source: Any, examples: Any, jobs: list, source_example
 
 def _run_child(scenario: str, method: str, args: argparse.Namespace, out: Path) -> dict:
     cmd = [sys.executable, __file__, "--child", scenario, method, "--out", str(out), "--n", str(args.n),
-           "--components", args.components,
+           "--components", args.components, *(["--layers", args.layers] if args.layers else []),
            "--seq-len", str(args.seq_len), "--threads", str(args.threads)]
     subprocess.run(cmd, check=True, cwd=ROOT)
     record = json.loads((out / f"{scenario}-{method}.json").read_text())
@@ -182,7 +189,7 @@ def _run_child(scenario: str, method: str, args: argparse.Namespace, out: Path) 
 def _describe(scenario: str, args: argparse.Namespace) -> str:
     if scenario == "positions":
         return "clean/corrupt, resid_pre x 30 layers x 14 positions, 2 prompts"
-    layers = "15-29" if scenario == "upper" else "0-29"
+    layers = args.layers if args.layers else ("15-29" if scenario == "upper" else "0-29")
     components = args.components.split(",")
     what = f"{len(components)} components" if len(components) == len(COMPONENTS) else "+".join(components)
     return f"{what} x layers {layers}, {args.n} ex x {args.seq_len} tok"
@@ -195,6 +202,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--components", default=None,
                         help=f"default {','.join(COMPONENTS)} (attn_out,down with --quick)")
+    parser.add_argument("--layers", default=None,
+                        help="sweep/upper layers, comma-separated (default 0-29 for sweep, 15-29 for upper)")
     parser.add_argument("--scenarios", default=None, help=f"default {','.join(SCENARIOS)} (upper with --quick)")
     parser.add_argument("--write", default=None, help="also write the markdown report to this file")
     parser.add_argument("--skip-tl", action="store_true", help="leave out transformer-lens' own serial loop")
