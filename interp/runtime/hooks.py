@@ -218,7 +218,7 @@ def n_layers(model: Model) -> int:
 def check_layers(model: Model, layers: Iterable[int] | None) -> list[int]:
     """Validated layer indices (all layers when ``None``); negative indices count from the end.
 
-    Bools, floats, strings and an empty selection are refused (:func:`interp.validate.layer_indices`).
+    Bools, floats, strings and an empty selection are refused (:func:`interp.argument_checks.layer_indices`).
     """
 
     return layer_indices(layers, n_layers(model))
