@@ -105,7 +105,8 @@ model = interp.load_model(sys.argv[1], dtype="bfloat16")
 print(json.dumps({"weights_bytes": sum(p.numel() * p.element_size() for p in model.original_model.parameters())}))
 """
 
-RESIDENT_CHILD = LOAD_CHILD.replace("print(", """with torch.no_grad():  # read one value a page (4 KiB of bfloat16): every weight resident, nothing copied
+# one value read a page (4 KiB of bfloat16): every weight resident, nothing copied
+RESIDENT_CHILD = LOAD_CHILD.replace("print(", """with torch.no_grad():
     for p in model.original_model.parameters():
         p.reshape(-1)[::2048].float().sum()
 print(""", 1).replace("import interp", "import interp, torch")
@@ -273,15 +274,16 @@ def report(results: list[dict[str, Any]], slopes: dict | None, projection: dict 
         for name, run in res["runs"].items():
             flag = "" if name in ("import", "load", "resident") or run["over_weights"] <= 1.2 else " (over 1.2x)"
             lines.append(f"| `{name}` | {run['peak_bytes'] / gib:.2f} | **{run['over_weights']:.3f}x**{flag} | "
-                         f"{(run['peak_bytes'] - floor) / gib:+.2f} | {(run['peak_bytes'] - floor) / res['weights_bytes']:+.3f}x"
+                         f"{(run['peak_bytes'] - floor) / gib:+.2f} | "
+                         f"{(run['peak_bytes'] - floor) / res['weights_bytes']:+.3f}x"
                          f" | {run['wall_s']:.1f} | {run['cpu_s']:.1f} |")
         lines.append("")
     if slopes:
         deep, shallow = results[0]["layers"], results[1]["layers"]
         lines += [f"Per layer ({deep} vs {shallow} layers; one block has {results[0]['params_per_layer'] / 1e6:.1f}M "
                   f"weights = {results[0]['params_per_layer'] * 2 / 2**20:.0f} MiB in bfloat16):", "",
-                  "| command | peak MiB per layer | fixed peak (GiB) | wall s per layer | fixed wall s | cpu s per layer "
-                  "| fixed cpu s |", "|---|---:|---:|---:|---:|---:|---:|"]
+                  "| command | peak MiB per layer | fixed peak (GiB) | wall s per layer | fixed wall s "
+                  "| cpu s per layer | fixed cpu s |", "|---|---:|---:|---:|---:|---:|---:|"]
         for name, s in slopes.items():
             lines.append(f"| `{name}` | {s['bytes_per_layer'] / 2**20:.0f} | {s['bytes_fixed'] / gib:.2f} | "
                          f"{s['s_per_layer']:.2f} | {s['s_fixed']:.1f} | {s['cpu_s_per_layer']:.2f} | "
@@ -298,7 +300,8 @@ def report(results: list[dict[str, Any]], slopes: dict | None, projection: dict 
                 row = proj["commands"][name]
                 cells.append(f"{row['peak_bytes'] / gib:.1f} | {row['over_weights']:.3f}x | {row['cpu_s']:.0f}")
             lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
-        lines += ["", "Weights: " + ", ".join(f"{t} {p['params'] / 1e9:.2f}B parameters = {p['weights_bytes'] / gib:.1f} "
+        lines += ["", "Weights: " + ", ".join(f"{t} {p['params'] / 1e9:.2f}B parameters = "
+                                          f"{p['weights_bytes'] / gib:.1f} "
                                           f"GiB, a block {p['layer_ratio']:.2f}x the measured one"
                                           for t, p in projection.items()) + "."]
     return "\n".join(lines) + "\n"
@@ -317,7 +320,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--commands", default="score,probe,patch,lens,circuit")
     parser.add_argument("--cache-dir", default=None,
-                        help="where the model folders are saved (default $INTERP_CACHE/bench-1b or /tmp/interp-bench-1b)")
+                        help="where the model folders are saved "
+                             "(default $INTERP_CACHE/bench-1b or /tmp/interp-bench-1b)")
     parser.add_argument("--write", default=None, help="also write the markdown tables to this file")
     parser.add_argument("--report-from", default=None,
                         help="no runs: rebuild the tables, per-layer fit and projection from this JSON result")
