@@ -37,6 +37,8 @@ import dataclasses
 import math
 from typing import Any, ClassVar
 
+import torch
+
 from interp.errors import DataError, NonFiniteError
 
 __all__ = ["CheckedResult", "check_result", "check_values", "distinct_answers", "non_finite"]
@@ -205,3 +207,19 @@ def distinct_answers(answers: Any, wrongs: Any, ids: Any = None) -> None:
         more = f" (and {len(same) - 1} more rows)" if len(same) > 1 else ""
         raise DataError(f"The answer and the wrong answer are the same token (id {int(a[row])}) for row {label}{more}: "
                         "their logit difference is 0 whatever the model computes. Pass a different wrong answer.")
+
+
+def row_sum_tolerance(pattern: torch.Tensor) -> float:
+    """How far from 1 a row of a valid pattern may sum, from float rounding alone.
+
+    Rounding each entry of a probability row to the pattern's dtype moves the row sum by at
+    most ``eps(dtype) / 2`` (relative errors of non-negative entries add up to at most that);
+    the softmax that made the row normalises by a sum of ``K`` terms, and the check itself
+    sums ``K`` terms, each adding at most ``K * eps(work) / 2`` with ``work`` the dtype the
+    sums run in (float32 for half precision). So the bound is
+    ``eps(dtype) + K * eps(work)``: 1.3e-6 for 5 keys in float32, 2.4e-4 for 2048 keys,
+    about 1e-13 for 512 keys in float64. A row off by more was not a softmax output.
+    """
+    # half precision is summed in float32 (as the metrics do), other dtypes in their own
+    work = torch.float32 if pattern.dtype in (torch.float16, torch.bfloat16) else pattern.dtype
+    return float(torch.finfo(pattern.dtype).eps + pattern.shape[-1] * torch.finfo(work).eps)

@@ -56,6 +56,7 @@ from torch import Tensor
 
 from interp import validate
 from interp.errors import InterpError
+from interp.results import row_sum_tolerance  # re-exported: defined below the analyses, which all read it
 from interp.typing import Pattern, PerQuery
 from interp.validate import checked
 
@@ -76,21 +77,6 @@ __all__ = [
     "sink_share",
     "valid_query_mask",
 ]
-
-
-def row_sum_tolerance(pattern: Tensor) -> float:
-    """How far from 1 a row of a valid pattern may sum, from float rounding alone.
-
-    Rounding each entry of a probability row to the pattern's dtype moves the row sum by at
-    most ``eps(dtype) / 2`` (relative errors of non-negative entries add up to at most that);
-    the softmax that made the row normalises by a sum of ``K`` terms, and the check itself
-    sums ``K`` terms, each adding at most ``K * eps(work) / 2`` with ``work`` the dtype the
-    sums run in (float32 for half precision). So the bound is
-    ``eps(dtype) + K * eps(work)``: 1.3e-6 for 5 keys in float32, 2.4e-4 for 2048 keys,
-    about 1e-13 for 512 keys in float64. A row off by more was not a softmax output.
-    """
-    work = _working_dtype(pattern).dtype
-    return float(torch.finfo(pattern.dtype).eps + pattern.shape[-1] * torch.finfo(work).eps)
 
 
 def check_pattern_values(pattern: Tensor) -> None:

@@ -30,7 +30,7 @@ from torch import Tensor
 from interp.display import ResultDisplay
 from interp.localize.prompts import Prompts, one_prompt, token_labels
 from interp.models import Model, model_name
-from interp.results import CheckedResult
+from interp.results import CheckedResult, row_sum_tolerance
 from interp.runtime import hooks as hk
 from interp.runtime.batching import device_of
 from interp.runtime.capture import capture
@@ -62,8 +62,6 @@ class AttentionPatterns(CheckedResult, ResultDisplay):
 
     def meaningless(self) -> str | None:
         """Query rows that are not a distribution over keys (one prompt has no padded query, so each sums to 1)."""
-        from interp.attention.metrics import row_sum_tolerance
-
         if self.pattern.ndim != 4 or self.pattern.numel() == 0:
             return None
         sums = self.pattern.double().sum(-1)
@@ -92,8 +90,6 @@ def attention_patterns(model: Model, prompt: Prompts, layers: Sequence[int] | No
     chosen = hk.check_layers(model, layers)
     with torch.no_grad():
         store, _ = capture(model, tokens[None].to(device_of(model)), [("pattern", layer) for layer in chosen])
-    from interp.attention.metrics import row_sum_tolerance
-
     computed = [store[("pattern", layer)][0] for layer in chosen]
     pattern = torch.stack([p.float().cpu() for p in computed])
     return AttentionPatterns(pattern=pattern, layers=chosen, labels=token_labels(model, tokens),
