@@ -53,7 +53,9 @@ import interp  # noqa: E402
 from interp.data import load_examples  # noqa: E402
 from interp.io import sanitize, write_json  # noqa: E402
 from interp.quant.fisher import fisher_sensitivity  # noqa: E402
-from interp.quant.llama_cpp import GGML_TYPES, TENSOR_ROLES, gguf_block_weights, write_tensor_types  # noqa: E402
+from interp.quant.llama_cpp import TENSOR_ROLES, gguf_block_weights, tensor_bytes, write_tensor_types  # noqa: E402
+from interp.quant.llama_cpp_run import block_bytes, block_types, fit_to_size, rounding_of  # noqa: E402
+from interp.quant.llama_cpp_run import quantize as run_quantize  # noqa: E402
 from interp.quant.prescribe import choose_options  # noqa: E402
 from interp.quant.shapes import WeightShape  # noqa: E402
 from interp.report.confirm import fresh_examples  # noqa: E402
@@ -75,23 +77,9 @@ def registration(name: str) -> tuple[dict[str, Any], str]:
 
 
 def quantize(binary: Path, src: Path, dst: Path, mix: str, *extra: str) -> None:
-    if dst.exists():
-        return
-    tmp = dst.with_suffix(".partial.gguf")
-    done = subprocess.run([str(binary / "llama-quantize"), *extra, str(src), str(tmp), mix], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"llama-quantize {mix} failed:\n{done.stderr[-2000:]}")
-    tmp.replace(dst)
-
-
-def block_bytes(path: Path) -> int:
-    return sum(nbytes for _, nbytes in block_types(path).values())
-
-
-def tensor_cost(ggml_type: str, d_out: int, d_in: int) -> int:
-    block, nbytes = GGML_TYPES[ggml_type]
-    return d_out * (d_in // block) * nbytes
+    """``llama-quantize`` through interp (the file whole or absent), skipped when ``dst`` exists."""
+    if not dst.exists():
+        run_quantize(binary, src, dst, mix, *extra)
 
 
 def mixes(reg: dict[str, Any]) -> tuple[str, ...]:
@@ -131,15 +119,7 @@ def phase_sensitivity(run: Path, files: dict[str, Path], reg: dict[str, Any], mo
 
             if not pure:
                 pure.update({t: gguf_block_weights(files[f"pure-{t}"]) for t in reg["candidate_types"]})
-
-            def options(layer: int, role: str, W: torch.Tensor) -> dict[str, torch.Tensor]:
-                found = {}
-                for t, weights in pure.items():
-                    stored, values = weights[layer, role]
-                    if stored == t:  # the block divides the input width: llama.cpp stores this type as asked
-                        found[t] = torch.from_numpy(values)
-                return found
-
+            options = rounding_of(pure)  # each type where llama.cpp stores it as asked (its block divides the width)
             log(f"Fisher sensitivity, calibration seed {seed}")
             result = fisher_sensitivity(model, rows, options, chunks=chunks, batch_size=8, seed=seed, progress=False)
             meta = {"layers": result.layers, "roles": result.roles, "options": result.options,
@@ -163,7 +143,7 @@ def option_table(sens: dict[str, Any], shapes: dict[tuple[int, str], tuple[int, 
         keys.append((layer, role))
         allowed.append([opts[o] for o in keep])
         losses.append(scores[w, keep])
-        costs.append([tensor_cost(opts[o], *shapes[layer, role]) for o in keep])
+        costs.append([tensor_bytes(opts[o], *shapes[layer, role]) for o in keep])
     return keys, allowed, losses, costs
 
 
@@ -192,19 +172,19 @@ def write_plan(run: Path, binary: Path, files: dict[str, Path], name: str, size:
     """``llama-quantize SIZE --tensor-type-file`` of the types ``choose(capacity)`` gives for the mix's block-weight
     bytes. When alignment padding makes the file larger than the mix's, the excess comes off the capacity and the
     plan is chosen again (the registered equal-size rule)."""
-    path, limit, slack = run / "gguf" / f"{name}.gguf", files[size].stat().st_size, 0
-    capacity = block_bytes(files[size])
-    while not path.exists():
-        types = choose(capacity - slack)
+    path = run / "gguf" / f"{name}.gguf"
+    if path.exists():  # an earlier (killed) run's
+        return path
+
+    def write(types: dict[tuple[int, str], str]) -> Path:
         type_file = run / f"{name}.txt"
         order = sorted(types)
         write_tensor_types(type_file, [WeightShape(layer, role, *shapes[layer, role]) for layer, role in order],
                            {f"{layer}.{role}": types[layer, role] for layer, role in order})
-        quantize(binary, files["reference"], path, size, "--tensor-type-file", str(type_file))
-        if path.stat().st_size > limit:
-            slack += path.stat().st_size - limit
-            path.unlink()
-            log(f"{name} was {slack} bytes over; again with less")
+        return run_quantize(binary, files["reference"], path, size, "--tensor-type-file", str(type_file))
+
+    fit_to_size(choose, write, block_bytes(files[size]), files[size].stat().st_size,
+                lambda slack: log(f"{name} was {slack} bytes over; again with less"))
     return path
 
 
@@ -387,14 +367,6 @@ def loader_agreement(run: Path, scores: dict[str, pd.DataFrame]) -> list[dict[st
                           "mean_kl_llama_cpp": float(lc.kl.mean()), "mean_kl_interp": float(group.kl.mean()),
                           "max_abs_nll_difference": float(np.abs(group.nll.to_numpy() - lc.nll.to_numpy()).max())})
     return agreement
-
-
-def block_types(path: Path) -> dict[str, tuple[str, int]]:
-    """GGUF name -> (lowercase ggml type, bytes) of every block linear weight, from the header (nothing dequantized)."""
-    import gguf
-
-    return {t.name: (t.tensor_type.name.lower(), int(t.n_bytes)) for t in gguf.GGUFReader(str(path)).tensors
-            if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.data.shape) == 2}
 
 
 def grid_share(files: dict[str, Path], names: list[str], reg: dict[str, Any]) -> dict[str, float]:

@@ -34,3 +34,7 @@ class NonFiniteError(InterpError):
 
 class ResourceError(InterpError):
     """A request would exceed available memory or disk, or an output path is unusable."""
+
+
+class ToolError(InterpError):
+    """An external tool interp runs (llama.cpp's ``llama-quantize``, ``llama-perplexity``) is missing or failed."""

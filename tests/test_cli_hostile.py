@@ -122,6 +122,9 @@ def make_files(d: Path) -> Path:
     (d / "badtype.txt").write_text("blk\\.0\\.ffn_down\\.weight=q7_k\n")
     (d / "badregex.txt").write_text("blk(=q4_k\n")
     (d / "corrupt").mkdir(exist_ok=True)
+    (d / "noquant").mkdir(exist_ok=True)  # a llama.cpp build with llama-perplexity but no llama-quantize
+    (d / "noquant" / "llama-perplexity").write_text("#!/bin/sh\nexit 1\n")
+    (d / "noquant" / "llama-perplexity").chmod(0o755)
     (d / "corrupt" / "scores.sqlite").write_bytes(b"this is not a database" * 100)
     _store(d / "store1", ["m1"])
     _store(d / "store2", ["model-a", "model-b"])
@@ -291,6 +294,28 @@ CASES = [
     Case("prescribe", "prescribe --method gptq --bits 3,4 --budget 3.5 --out {d}/plan", "strictly between"),
     Case("prescribe", "prescribe --method gptq --bits 3,9 --budget 4.0 --out {d}/plan", "supports bits"),
     Case("prescribe", "prescribe --method zzz --bits 3,4 --budget 4.0 --out {d}/plan", "unknown method"),
+    # -- a llama.cpp plan (prescribe --gguf): the build, the paths and the size, before any model loads
+    Case("llama.cpp plan", "prescribe --target-bpw 5.5 --llama-cpp {d}/missing --gguf {d}/p.gguf --out {d}/plan",
+         "does not exist"),
+    Case("llama.cpp plan", "prescribe --target-bpw 5.5 --llama-cpp {d}/afile --gguf {d}/p.gguf --out {d}/plan",
+         "not a folder"),
+    Case("llama.cpp plan", "prescribe --target-bpw 5.5 --llama-cpp {d}/emptydir --gguf {d}/p.gguf --out {d}/plan",
+         "has no llama-quantize"),
+    Case("llama.cpp plan", "prescribe --target-bpw 5.5 --gguf {d}/p.gguf --out {d}/plan", "has no llama-quantize",
+         env={"LLAMA_CPP_BIN": "{d}/noquant"}),
+    Case("llama.cpp plan", "prescribe --target-bpw 2 --gguf {d}/p.gguf --out {d}/plan", "outside what widths"),
+    Case("llama.cpp plan", "prescribe --target-bpw 3 --types q4_0,q8_0 --out {d}/plan", "outside what types"),
+    Case("llama.cpp plan", "prescribe --target-size 50000000 --gguf {d}/p.gguf --out {d}/plan",
+         "below the smallest file"),
+    Case("llama.cpp plan", "prescribe --target-size Q2_K --out {d}/plan", "--target-size"),
+    Case("llama.cpp plan", "prescribe --target-bpw 5.5 --gguf {d}/emptydir --out {d}/plan", "ending in .gguf"),
+    Case("llama.cpp plan", "prescribe --target-bpw 5.5 --model {d}/emptydir --gguf {d}/p.gguf --out {d}/plan",
+         "needs the model as a GGUF file"),
+    Case("llama.cpp plan", "prescribe --target-bpw 5.5 --types q4_0,q9_k --out {d}/plan", "q9_k"),
+    Case("llama.cpp plan", "prescribe --target-bpw 5.5 --exclude-types q3_k,q4_0,q4_1,q4_k,q5_0,q5_1,q5_k,q6_k,q8_0 "
+         "--out {d}/plan", "leaves no candidate"),
+    Case("llama.cpp plan", "prescribe --format interp --budget 4 --gguf {d}/p.gguf --out {d}/plan",
+         "drop --format interp"),
     # -- circuit: the prompt pair and the pairs file, before any model loads
     Case("circuit", "circuit --clean 'a b' --corrupt 'a c' --answer ' b' --out {d}/c", "Missing --wrong"),
     Case("circuit", "circuit --pairs {d}/good.txt --clean 'a b' --out {d}/c", "either --pairs FILE or"),
@@ -309,6 +334,7 @@ def hostile_env(monkeypatch, tmp_path):
     intercept_work(monkeypatch)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("INTERP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LLAMA_CPP_BIN", raising=False)  # a llama.cpp build named by the caller's environment
     return monkeypatch
 
 

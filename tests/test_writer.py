@@ -245,7 +245,8 @@ REQUIRED = {"--method": "rtn:bits=4,group=32", "--budget": "3.75"}  # values for
 # options a command's own checks ask for (a command missing here fails the new-folder control below, by name)
 EXTRA = {"circuit": ["--clean", "The capital of France is", "--corrupt", "The capital of Italy is",
                      "--answer", " Paris", "--wrong", " Rome"],
-         "tensor-types": [str(Path(__file__).parent / "fixtures" / "llama_cpp" / "smol_layer0_types.txt")]}
+         "tensor-types": [str(Path(__file__).parent / "fixtures" / "llama_cpp" / "smol_layer0_types.txt")],
+         "prescribe": ["--budget", "3.75"]}  # or --target-bpw / --target-size: one of them, checked by the command
 
 
 def out_commands() -> list[str]:

@@ -45,9 +45,10 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-__all__ = ["GGML_TYPES", "LEGACY_TYPES", "MIXES", "bits_per_weight", "fallback", "gguf_block_weights",
+__all__ = ["GGML_TYPES", "LEGACY_TYPES", "MIXES", "bits_per_weight", "embedding_type", "fallback", "gguf_block_weights",
            "gguf_name", "mix_types", "quantize_blocks", "read_tensor_types", "resolve_tensor_types", "stored_weight",
-           "tensor_type_lines", "type_for_bits", "types_average_bits", "use_more_bits", "write_tensor_types"]
+           "tensor_bytes", "tensor_type_lines", "type_for_bits", "types_average_bits", "use_more_bits",
+           "write_tensor_types"]
 
 # type -> (weights per block, bytes per block), from the block structs of ggml-common.h
 GGML_TYPES: dict[str, tuple[int, int]] = {
@@ -80,6 +81,17 @@ def bits_per_weight(ggml_type: str) -> float:
     """
     block, nbytes = GGML_TYPES[check_type(ggml_type)]
     return 8 * nbytes / block
+
+
+def tensor_bytes(ggml_type: str, d_out: int, d_in: int) -> int:
+    """Bytes llama.cpp stores for a ``[d_out, d_in]`` weight of ``ggml_type`` (whose block divides ``d_in``).
+
+    Example:
+        >>> tensor_bytes("q4_k", 576, 1536), tensor_bytes("q5_0", 192, 576)  # 576 rows of 6 and 192 of 18 blocks
+        (497664, 76032)
+    """
+    block, nbytes = GGML_TYPES[check_type(ggml_type)]
+    return d_out * (d_in // block) * nbytes
 
 
 def fallback(ggml_type: str, d_in: int) -> str:
