@@ -77,5 +77,32 @@ docs: install
 notebooks: install chromium
 	$(BIN)/python notebooks/execute.py $(NOTEBOOKS)
 
+# llama.cpp's llama-quantize, llama-imatrix and llama-perplexity, for `interp prescribe --gguf` and the llama.cpp
+# runs (docs/prescribe.md): the llama.cpp vendored by the registry's llama-cpp-python sdist, built without native CPU
+# detection (with it, decoding crashed on a VM that advertises AMX). Built once (a stamp), into .venv/llama.cpp;
+# then LLAMA_CPP_BIN=.venv/llama.cpp/build/bin runs the tests that need it. `make test` does not build it: the
+# build took 16 min here (7 CPU-min on 2 cores shared with other jobs), plus 2.5 min for pip to fetch and
+# prepare the sdist.
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CPP_DIR := $(VENV)/llama.cpp
+LLAMA_CPP_SRC := $(LLAMA_CPP_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
+LLAMA_CPP_STAMP := $(LLAMA_CPP_DIR)/.built-$(LLAMA_CPP_VERSION)
+.PHONY: llama-cpp
+llama-cpp: $(LLAMA_CPP_STAMP)
+	@echo "llama.cpp's tools are in $(LLAMA_CPP_DIR)/build/bin: export LLAMA_CPP_BIN=$(abspath $(LLAMA_CPP_DIR))/build/bin"
+
+$(LLAMA_CPP_STAMP): | $(STAMP)
+	@command -v cmake >/dev/null && command -v c++ >/dev/null || \
+	  { echo "make llama-cpp needs cmake and a C++ compiler (Debian: apt-get install cmake g++)"; exit 1; }
+	rm -rf $(LLAMA_CPP_DIR)/src && mkdir -p $(LLAMA_CPP_DIR)/src
+	$(BIN)/pip download --disable-pip-version-check -q --no-deps --no-binary :all: \
+	  llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(LLAMA_CPP_DIR)/src
+	tar -xzf $(LLAMA_CPP_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_CPP_DIR)/src
+	cmake -S $(LLAMA_CPP_SRC) -B $(LLAMA_CPP_DIR)/build -DCMAKE_BUILD_TYPE=Release \
+	  -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+	cmake --build $(LLAMA_CPP_DIR)/build -j $$(nproc) --target llama-quantize llama-imatrix llama-perplexity
+	touch $@
+
 clean:
 	rm -rf $(VENV) reports .pytest_cache .mypy_cache .ruff_cache
