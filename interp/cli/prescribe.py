@@ -244,7 +244,7 @@ def _llama_cpp(args: argparse.Namespace, model: Any, calibration: Any, start: fl
     slack, mix_path = 0, None
     reference: Path | None = None
     with PrivateFolder(out) as scratch:
-        if build is not None and (gguf is not None or args.score == "fisher"):
+        if build is not None and source is not None and (gguf is not None or args.score == "fisher"):
             reference = run.quantize(build, source, scratch / "reference-f32.gguf", "F32", "--allow-requantize",
                                      threads=threads, log=log)
         rounded = None
@@ -341,7 +341,7 @@ def _rounding(args: argparse.Namespace) -> str:
     """How the score rounded the candidates."""
     if args.score != "fisher":
         return "RTN stand-ins"
-    if args.build is not None:
+    if args.build is not None and args.source is not None:  # a Hugging Face folder has no GGUF file to round
         return "every type as llama-quantize stores it"
     return "legacy types as llama-quantize stores them, K-quants by an RTN stand-in"
 
