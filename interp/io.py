@@ -6,7 +6,7 @@ Guarantees (docs/reliability.md, "What interp never deletes"; tests/test_writer.
   marker (:data:`MARKER`, a small JSON naming the output's kind) that interp wrote when it created
   or first claimed the folder. An existing non-empty folder without the marker of the same kind is
   refused; inside an owned folder only interp's own named entries are ever replaced or removed.
-- **Nothing is written outside ``--out``** (:func:`_entry`). Only the output folder itself is
+- **Nothing is written outside ``--out``** (``_entry``). Only the output folder itself is
   resolved (``--out LINK`` writes into the folder the link points to; the link is never moved).
   Below it an entry is *replaced*, never written through: a file is renamed over whatever name is
   there (a symbolic link included, whose target is left alone), and a folder inside an output that
@@ -18,9 +18,9 @@ Guarantees (docs/reliability.md, "What interp never deletes"; tests/test_writer.
   time interp writes beside it, only when its token checks out and its process no longer runs on
   this host; a user's file or folder that merely looks like one is never touched.
 - **An output is whole or visibly incomplete** (:func:`writing`). A run writing into an output
-  folder first writes :data:`INCOMPLETE` there and removes it last; a folder built whole elsewhere is
+  folder first writes ``INCOMPLETE`` there and removes it last; a folder built whole elsewhere is
   renamed into place in one step. Readers of outputs (:func:`check_complete`) refuse a folder that
-  still holds :data:`INCOMPLETE`.
+  still holds ``INCOMPLETE``.
 - **Faults are one clear error.** ENOSPC, EDQUOT, EROFS, EACCES and EPERM, as an ``OSError`` or
   inside any library's own error type (safetensors' ``SafetensorError``, pyarrow, SQLite), become a
   :class:`~interp.errors.ResourceError` naming the path (:func:`fs_cause`), and the temporary is removed.
@@ -368,7 +368,7 @@ def write_file(path: str | os.PathLike[str], produce: Callable[[Path], None]) ->
     """Write ``path`` atomically: ``produce(tmp)`` writes a file of the same name inside a temporary folder
     beside it (:func:`is_temporary`), which is then renamed over ``path``.
 
-    Nothing is written through a link: ``path``'s last name is replaced, whatever it is (see :func:`_entry`).
+    Nothing is written through a link: ``path``'s last name is replaced, whatever it is (see ``_entry``).
     On any failure the temporary is removed and ``path`` is as it was; a full disk, a read-only file system
     or a permission error, raised as an ``OSError`` or inside a library (safetensors, pyarrow, ...), is a
     :class:`~interp.errors.ResourceError` naming ``path``.
@@ -490,7 +490,7 @@ def remove_temp(path: str | os.PathLike[str]) -> None:
 
 def store_path(path: str | os.PathLike[str]) -> Path:
     """The path of a file that a library opens and writes in place (an SQLite store), checked like any entry
-    (:func:`_entry`): inside its output folder and never through a link (a link there is refused, since the
+    (``_entry``): inside its output folder and never through a link (a link there is refused, since the
     store's content is the user's work so far and is not replaced)."""
     target = _entry(path)
     if os.path.islink(target):
@@ -742,7 +742,7 @@ def _move_in(src: Path, dst: Path, folder: Path) -> None:
 
 @contextmanager
 def writing(folder: str | os.PathLike[str]) -> Iterator[Path]:
-    """Write into the interp output ``folder`` in place: :data:`INCOMPLETE` is written there first and
+    """Write into the interp output ``folder`` in place: ``INCOMPLETE`` is written there first and
     removed when the block ends normally, so a kill or a failure at any point leaves a folder that says
     it is incomplete (:func:`check_complete`). Blocks nest (the outermost one removes the file).
 
@@ -772,7 +772,7 @@ def writing(folder: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 def is_complete(folder: str | os.PathLike[str]) -> bool:
-    """Whether ``folder`` holds no :data:`INCOMPLETE` (written by :func:`writing`)."""
+    """Whether ``folder`` holds no ``INCOMPLETE`` (written by :func:`writing`)."""
     return not os.path.lexists(Path(folder) / INCOMPLETE)
 
 

@@ -76,7 +76,7 @@ class LayerFeeder:
     Those are captured from the first block of each layer type (``config.layer_types``:
     Gemma-2 alternates sliding-window and full attention, Gemma-3 also keeps rotary
     embeddings per type), so each block is run with its own mask; a model without layer
-    types passes every block the first block's. :meth:`inputs` and :meth:`advance` re-run
+    types passes every block the first block's. ``inputs`` and :meth:`advance` re-run
     the block from its start for each group of linear layers (the reference scheme);
     :meth:`paused` runs it once, pausing at each group (:class:`PausedBlock`).
 

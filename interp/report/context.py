@@ -156,7 +156,7 @@ class ReportContext:
 
     @cached_property
     def shards(self) -> Any:
-        """The stages' batched steps (:class:`interp.report.shards.Sharding`), their parts reused under :attr:`key`."""
+        """The stages' batched steps (:class:`interp.report.shards.Sharding`), their parts reused under ``key``."""
         from interp.report.shards import Sharding
 
         return Sharding(self.out / "parts", {"report": self.key}, self.settings.batch_size, progress=self.progress,
@@ -171,7 +171,7 @@ class ReportContext:
     @cached_property
     def key(self) -> str:
         """The key a finished stage or batch is reused under (:func:`interp.digests.cache_key`: the
-        :attr:`inputs` and the code fingerprint)."""
+        ``inputs`` and the code fingerprint)."""
         return cache_key(**self.inputs)
 
     def begin_stage(self) -> None:

@@ -370,7 +370,7 @@ def render_html(settings: ReportSettings, stages: list[Stage], outputs: dict[str
             None when there is none; by default no figure links a PNG.
         csv_links: maps a table's file stem (``<stage>__<table>``, ``reproduction``) and the table to the
             link of its CSV; by default ``tables/<stem>.csv``, which the report writes beside the page.
-        run: where it ran (:func:`provenance`), shown in the footer.
+        run: where it ran (``provenance``), shown in the footer.
         smoke: why this run gives no verdict (a smoke run): a banner at the top says so.
     """
     reference = reference or settings.model

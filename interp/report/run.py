@@ -2,7 +2,7 @@
 
 The report runs in stages. Each stage computes tables, figures and numbers, and writes them
 to ``OUT/stages/<stage>/`` (CSV, plotly JSON, ``numbers.json``) followed by a ``done.json``
-marker holding the key of its inputs (:attr:`ReportContext.key`: the weights, tokenizer, data,
+marker holding the key of its inputs (``ReportContext.key``: the weights, tokenizer, data,
 code and settings, by content), where it was computed and the elapsed time. A rerun with the same
 inputs loads finished stages from disk instead of recomputing them, so a killed report resumes
 where it stopped; per-example scoring inside a stage resumes from its SQLite store. Changing any
@@ -67,7 +67,7 @@ def _figure_from_json(text: str) -> go.Figure:
 
 def save_stage(folder: Path, output: StageOutput, key: str) -> None:
     """Write a finished stage; ``done.json``, written last, holds the key it may be reused under
-    (:attr:`ReportContext.key`) and where it was computed (``output.provenance``)."""
+    (``ReportContext.key``) and where it was computed (``output.provenance``)."""
     for name, table in output.tables.items():
         atomic_write_bytes(folder / f"{name}.csv", table.to_csv(index=False).encode())
     for name, fig in output.figures.items():
@@ -98,7 +98,7 @@ def load_stage(folder: Path, key: str) -> StageOutput | None:
 
 
 def stage_provenance(inputs: dict[str, str]) -> dict[str, Any]:
-    """Where a stage is computed: the commit, torch's threads and kernels (:func:`provenance`), the machine,
+    """Where a stage is computed: the commit, torch's threads and kernels (``provenance``), the machine,
     when, and the digests of what it is computed from."""
     return {**provenance(), "machine": platform.node(), "platform": platform.platform(),
             "computed": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "inputs": dict(inputs), "reused": False}
@@ -110,7 +110,7 @@ DERIVED = ("scores.sqlite", "scores.sqlite-wal", "scores.sqlite-shm", "scores.sq
 
 def _start_afresh_if_inputs_changed(folder: Path, inputs: dict[str, str]) -> None:
     """The scores an earlier run kept are reused only if it had the same inputs (``inputs.json``); otherwise
-    they go, and the stages, keyed by :attr:`ReportContext.key`, are computed again."""
+    they go, and the stages, keyed by ``ReportContext.key``, are computed again."""
     try:
         earlier = json.loads((folder / INPUTS).read_text(encoding="utf-8"))
     except (OSError, ValueError):
