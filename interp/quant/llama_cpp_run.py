@@ -146,7 +146,7 @@ def pure_rounding(build: Path, reference: Path, types: Sequence[str], folder: Pa
     returned function maps ``(layer, role, W)`` to ``{type: weight}`` for the types llama.cpp
     stores that weight in as asked (a type whose block does not divide the input width falls
     back, and is left out): the ``rounded`` argument of
-    :func:`~interp.quant.prescribe.score_llama_options`.
+    :func:`~interp.quant.llama_plan.score_llama_options`.
     """
     from interp.io import remove_temp
     from interp.quant.llama_cpp import gguf_block_weights
