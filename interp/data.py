@@ -384,6 +384,16 @@ def _special_token(tokenizer: Any, attrs: tuple[str, str], purpose: str) -> int:
 _TOKEN_CACHE: dict[str, list[list[int]]] = {}
 
 
+def tokenizer_digest(tokenizer: Any) -> str:
+    """The SHA-256 of everything that decides a tokenizer's ids: its vocabulary and special tokens
+    (:func:`tokenizer_fingerprint`), its class and, for a fast tokenizer, its whole definition (merges,
+    normalizer, pre-tokenizer, added tokens). Two tokenizers with one vocabulary but other merges differ here."""
+    digest = hashlib.sha256(tokenizer_fingerprint(tokenizer).encode())
+    digest.update(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        digest.update(backend.to_str().encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
 
 
 def _token_ids(tokenizer: Any, texts: list[str], cached: bool = False) -> list[list[int]]:
@@ -404,16 +414,6 @@ def _token_ids(tokenizer: Any, texts: list[str], cached: bool = False) -> list[l
     return out
 
 
-def tokenizer_digest(tokenizer: Any) -> str:
-    """The SHA-256 of everything that decides a tokenizer's ids: its vocabulary and special tokens
-    (:func:`tokenizer_fingerprint`), its class and, for a fast tokenizer, its whole definition (merges,
-    normalizer, pre-tokenizer, added tokens). Two tokenizers with one vocabulary but other merges differ here."""
-    digest = hashlib.sha256(tokenizer_fingerprint(tokenizer).encode())
-    digest.update(type(tokenizer).__name__.encode())
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        digest.update(backend.to_str().encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()
 @checked
 def load_examples(
     source: str | Path,
