@@ -151,8 +151,9 @@ def test_each_stage_records_where_it_was_computed(tmp_path, monkeypatch):
 
 def token_cache_problems(tmp: Path, kind: str) -> list[str]:
     """Rows from a data file and a tokenizer folder; one of them changed at the same path; rows again."""
-    from interp.loading import pretrained
     from transformers import AutoTokenizer
+
+    from interp.loading import pretrained
 
     documents = write_documents(tmp / "docs.txt")
     folder = tmp / "tokenizer"

@@ -698,7 +698,8 @@ def test_a_link_is_written_through_when_every_path_is_resolved(tmp_path, monkeyp
         return target
 
     monkeypatch.setattr(io, "_entry", resolve_all)
-    assert links_written_through(tmp_path, ["results.json"], ["json"]) == ["outside: victim", "still a link: results.json"]
+    assert links_written_through(tmp_path, ["results.json"], ["json"]) == ["outside: victim",
+                                                                           "still a link: results.json"]
 
 
 # ---------------------------------------------------------------------------------------
