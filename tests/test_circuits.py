@@ -142,7 +142,7 @@ def test_bad_targets_and_positions_are_refused(family_models, rows):
     model = family_models("llama")
     with pytest.raises(DataError, match="one per example"):
         logit_attribution(model, rows, target=[1, 2])
-    with pytest.raises(DataError, match="token ids must lie"):
+    with pytest.raises(DataError, match="holds token id 1000000, but the model's vocabulary has ids 0..258"):
         logit_attribution(model, rows, target=10**6)
     with pytest.raises(DataError, match="outside example"):
         logit_attribution(model, rows, target=1, positions=9)

@@ -302,7 +302,7 @@ def dla(model: Model, prompts: Prompts, answer: Answers, wrong: Answers | None =
     Example:
         >>> import interp
         >>> model = interp.tiny_model("llama")
-        >>> res = interp.dla(model, ["When Mary and John", "When John and Mary"], "M", ["J", "M"])
+        >>> res = interp.dla(model, ["When Mary and John", "When John and Mary"], "M", "J")
         >>> bool((res.total() - res.logit).abs().max() < 1e-4)  # the terms add up to the logit difference
         True
     """

@@ -4,7 +4,8 @@ Example:
     >>> import torch
     >>> from interp.localize.patching.metrics import LogitDiffMetric
     >>> logits = torch.tensor([[[0.0, 2.0, 5.0]]])  # [batch 1, pos 1, vocab 3]
-    >>> LogitDiffMetric(answers=2, wrongs=1).from_logits(logits, None, torch.arange(1)).tolist()
+    >>> tokens = torch.zeros(1, 1, dtype=torch.long)  # the prompt (a logit difference does not read it)
+    >>> LogitDiffMetric(answers=2, wrongs=1).from_logits(logits, tokens, torch.arange(1)).tolist()
     [3.0]
 """
 
