@@ -162,6 +162,21 @@ def fs_error(exc: BaseException, path: str | os.PathLike[str]) -> ResourceError:
     return ResourceError(f"Could not write {path}: {why}. Nothing half-written was left behind.")
 
 
+@contextmanager
+def _disk_errors(path: str | os.PathLike[str], *, every_os_error: bool = False) -> Iterator[None]:
+    """The one translation of a failed write into a :class:`ResourceError` naming ``path``: a full, read-only or
+    forbidden disk (:func:`fs_cause`), whether the OS said so or a library's own error type did (safetensors'
+    ``SafetensorError``, SQLite, pyarrow); with ``every_os_error``, any ``OSError`` too. Anything else passes."""
+    try:
+        yield
+    except InterpError:
+        raise
+    except Exception as exc:
+        if (every_os_error and isinstance(exc, OSError)) or fs_cause(exc) is not None:
+            raise fs_error(exc, path) from None
+        raise
+
+
 def _pid_dead(pid: int) -> bool:
     if pid <= 0:
         return False
@@ -383,21 +398,14 @@ def write_file(path: str | os.PathLike[str], produce: Callable[[Path], None]) ->
     folder = _make_temp(target.parent, target.name)
     tmp = folder / target.name
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any file
-        mode = stat.S_IMODE(os.fstat(fd).st_mode)
-        os.close(fd)
-        _fill(tmp, produce)
-        if stat.S_IMODE(os.stat(tmp).st_mode) != mode:  # safetensors' save_file, for one, makes its file 0600
-            os.chmod(tmp, mode)
-        os.replace(tmp, target)  # over the name itself: a link there is replaced, not followed
-    except OSError as exc:
-        raise fs_error(exc, target) from None
-    except InterpError:
-        raise
-    except Exception as exc:
-        if fs_cause(exc) is None:
-            raise
-        raise fs_error(exc, target) from None
+        with _disk_errors(target, every_os_error=True):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any file
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)
+            os.close(fd)
+            _fill(tmp, produce)
+            if stat.S_IMODE(os.stat(tmp).st_mode) != mode:  # safetensors' save_file, for one, makes its file 0600
+                os.chmod(tmp, mode)
+            os.replace(tmp, target)  # over the name itself: a link there is replaced, not followed
     finally:
         _remove_temp(folder)
     return target
@@ -417,22 +425,15 @@ def write_many(paths: Sequence[str | os.PathLike[str]], produce: Callable[[list[
     folder = _make_temp(parent, targets[0].name)
     tmps = [folder / t.name for t in targets]
     try:
-        fd = os.open(folder / f"{TOKEN_FILE}.mode", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's mode
-        mode = stat.S_IMODE(os.fstat(fd).st_mode)
-        os.close(fd)
-        _fill(folder, lambda _: produce(tmps))
-        for tmp, target in zip(tmps, targets, strict=True):
-            if stat.S_IMODE(os.stat(tmp).st_mode) != mode:
-                os.chmod(tmp, mode)
-            os.replace(tmp, target)
-    except OSError as exc:
-        raise fs_error(exc, parent) from None
-    except InterpError:
-        raise
-    except Exception as exc:
-        if fs_cause(exc) is None:
-            raise
-        raise fs_error(exc, parent) from None
+        with _disk_errors(parent, every_os_error=True):
+            fd = os.open(folder / f"{TOKEN_FILE}.mode", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's mode
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)
+            os.close(fd)
+            _fill(folder, lambda _: produce(tmps))
+            for tmp, target in zip(tmps, targets, strict=True):
+                if stat.S_IMODE(os.stat(tmp).st_mode) != mode:
+                    os.chmod(tmp, mode)
+                os.replace(tmp, target)
     finally:
         _remove_temp(folder)
     return targets
@@ -649,15 +650,10 @@ def staged_folder(path: str | os.PathLike[str], kind: str, adopt: Adopt | None =
     temp = _make_temp(real.parent, real.name)
     tmp = temp / real.name  # the output being built: the token stays beside it, never in it
     try:
-        os.mkdir(tmp, 0o777)  # the umask applies
-        yield tmp
-        _install(tmp, real, shown, kind, adopt)
-    except InterpError:
-        raise
-    except Exception as exc:  # a library's full disk (safetensors' SafetensorError, ...) too, not only OSError
-        if fs_cause(exc) is None:
-            raise
-        raise fs_error(exc, real) from None
+        with _disk_errors(real):
+            os.mkdir(tmp, 0o777)  # the umask applies
+            yield tmp
+            _install(tmp, real, shown, kind, adopt)
     finally:
         _remove_temp(temp)
 
@@ -672,17 +668,12 @@ def staged_files(folder: str | os.PathLike[str]) -> Iterator[Path]:
     temp = _make_temp(parent, "files")
     tmp = temp / "files"  # the library's alone: the token stays beside it
     try:
-        os.mkdir(tmp, 0o777)
-        yield tmp
-        _umask_modes(tmp)
-        for name in sorted(set(os.listdir(tmp)) - _RESERVED):
-            _move_in(tmp / name, parent / name, parent)
-    except InterpError:
-        raise
-    except Exception as exc:  # a library's full disk too, not only OSError
-        if fs_cause(exc) is None:
-            raise
-        raise fs_error(exc, parent) from None
+        with _disk_errors(parent):
+            os.mkdir(tmp, 0o777)
+            yield tmp
+            _umask_modes(tmp)
+            for name in sorted(set(os.listdir(tmp)) - _RESERVED):
+                _move_in(tmp / name, parent / name, parent)
     finally:
         _remove_temp(temp)
 
