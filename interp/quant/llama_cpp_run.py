@@ -167,7 +167,8 @@ def rounding_of(weights: dict[str, dict[tuple[int, str], tuple[str, Any]]]
     import torch
 
     def rounded(layer: int, role: str, W: Any) -> dict[str, Any]:
-        return {t: torch.from_numpy(found[layer, role][1]) for t, found in weights.items()
+        # host: llama.cpp's stored blocks are read as numpy arrays; each moves to the weight's device once
+        return {t: torch.from_numpy(found[layer, role][1]).to(W.device) for t, found in weights.items()
                 if found[layer, role][0] == t}
 
     return rounded
