@@ -14,7 +14,7 @@ same initial weights, the same data in the same order and the same optimiser. Ev
 * stability: gradient norm (before clipping), and loss spikes (a training loss above
   ``spike_factor`` times the median of the previous ``spike_window`` losses).
 
-Data: the bundled Wikipedia lead summaries (:func:`interp.data.wiki_documents`), split into
+Data: the bundled Wikipedia lead summaries (``wiki_documents`` in ``interp/documents.py``), split into
 train and held-out by a hash of the document id. The tokenizer is a byte-level BPE trained
 here on the training split only (fast, needs no download, and matched to the data); it is
 saved as ``tokenizer.json``. Documents are joined with an end-of-text token and cut into
