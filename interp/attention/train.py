@@ -518,7 +518,7 @@ def run(
 
     Args:
         out_dir: folder for the tokenizer, log, checkpoints and settings: new, empty or an earlier run's
-            (a folder holding other files is refused; see :func:`interp.io.claim_folder`).
+            (a folder holding other files is refused; see :func:`interp.output_folders.claim_folder`).
         quick: use :meth:`TrainConfig.quick` (seconds) instead of :meth:`TrainConfig.full`.
         steps: override the number of optimisation steps.
         seed: seeds the weights (shared by both models) and the data order.

@@ -251,7 +251,7 @@ def out_kind(args: argparse.Namespace) -> str:
 
 def check_out(args: argparse.Namespace) -> None:
     """``--out`` becomes an interp output folder of this command's kind, through the one output writer
-    (:func:`interp.io.claim_folder`): a new or empty folder, or an earlier output of the same kind. A
+    (:func:`interp.output_folders.claim_folder`): a new or empty folder, or an earlier output of the same kind. A
     non-empty folder interp did not write, the working folder, its ancestors, home and the root are refused."""
     # imported on use: torch and the analyses take seconds to load; --help must not wait
     from interp.io import claim_folder
@@ -261,7 +261,7 @@ def check_out(args: argparse.Namespace) -> None:
 
 def writing_out(args: argparse.Namespace) -> contextlib.AbstractContextManager[Any]:
     """While a command runs, the ``--out`` folder :func:`check_out` claimed holds ``INCOMPLETE``
-    (:func:`interp.io.writing`): a kill or a failure at any point leaves it saying so. Under torchrun
+    (:func:`interp.output_folders.writing`): a kill or a failure at any point leaves it saying so. Under torchrun
     only rank 0, which writes the outputs, marks it (another rank finishing first must not unmark it)."""
     from interp.runtime.torchrun import world  # no torch: read before anything heavy
 

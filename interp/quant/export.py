@@ -256,7 +256,7 @@ def export_compressed_tensors(qmodel: Model, reference: Model, folder: str | os.
     The folder holds ``config.json`` (with a ``quantization_config``), ``model.safetensors``
     and the tokenizer. Only the block linear weights are quantized; embeddings, norms and
     the unembedding are stored as they are. The folder is written into a temporary sibling
-    and renamed into place once complete (:func:`interp.io.staged_folder`). An existing ``folder``
+    and renamed into place once complete (:func:`interp.output_folders.staged_folder`). An existing ``folder``
     must be empty or an earlier export: a folder holding other files is refused, and files interp
     did not write are never removed.
 

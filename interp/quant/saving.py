@@ -108,7 +108,7 @@ def save_quantized(model: Model, path: str | os.PathLike[str], info: QuantInfo |
 
     Only the quantized weights are written (the rest equals the reference). The folder is
     written whole into a temporary sibling and renamed into place once (through
-    :func:`interp.io.staged_folder`), so ``path`` is either absent, the previous folder, or complete;
+    :func:`interp.output_folders.staged_folder`), so ``path`` is either absent, the previous folder, or complete;
     never weights of one spec under the label of another. The JSON records the weights file's size
     and SHA-256, checked on load. An existing ``path`` must be empty or an earlier saved quantized
     model: a folder with other files is refused, and files interp did not write are never removed.
