@@ -10,7 +10,8 @@ from typing import Any
 
 from interp.errors import DataError
 
-DEFAULT = Path(__file__).resolve().parents[3] / "docs" / "preregistration" / "survival-1.json"
+REPO = Path(__file__).resolve().parents[3]
+DEFAULT = REPO / "docs" / "preregistration" / "survival-1.json"
 MODELS = ("smollm2-135m", "gemma3-270m")
 
 

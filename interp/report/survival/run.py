@@ -1,0 +1,271 @@
+"""The survival study's resumable run: every raw number the registered statistics read, for one model.
+
+    python -m interp.report.survival.run --model smollm2-135m --out docs/data/survival/survival-1/smollm2-135m \\
+        --stages induction,circuits --llama-cpp .venv/llama.cpp/build/bin
+
+Layout of ``--out`` (each file written whole through interp's writer; a file that exists is done, so a killed run
+resumes at the first missing file):
+
+- ``meta.json``: the registration's name and SHA-256, and every (re)start with its commit, CPU, kernels, threads;
+- ``units.json``: the token set, the prompt sets (candidate indices, filter values, readings);
+- ``sequences.safetensors``: the selection and measurement sequences;
+- ``induction/<id>.safetensors``: ``pm``, ``cp`` ``[sequences, layers, heads]`` (the reference also on the
+  selection sequences);
+- ``circuits/<task>-reference.parquet``: the reference circuit's top edges (``interp.localize.circuit.circuit``);
+- ``circuits/<task>/<id>.safetensors``: ``effects [edges, pairs]`` and ``clean [pairs]`` on the measurement pairs;
+- ``models.json``: each quantized instance's weights digest and where it was measured.
+
+``<id>`` is ``reference``, a label (``rtn:bits=3,group=64``) or ``label@instance`` (``gptq:bits=3,group=64@seed61``),
+made file-safe by :func:`file_name`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from interp.errors import DataError, InterpError
+from interp.io import write_json, write_parquet, write_safetensors
+from interp.report.survival import circuits as cc
+from interp.report.survival import units
+from interp.report.survival.induction import induction_scores
+from interp.report.survival.registration import check_model, registration, sha256
+from interp.report.survival.roster import Entry, make, roster
+
+STAGES = ("induction", "circuits")
+TASKS = ("ioi", "capitals")
+
+
+def file_name(unit_id: str) -> str:
+    """A file-safe name for a raw-data id (``gptq:bits=3,group=64@seed61`` -> ``gptq-bits-3-group-64@seed61``)."""
+    return re.sub(r"[^A-Za-z0-9.@_]+", "-", unit_id).strip("-")
+
+
+class Folder:
+    """The run's output folder: paths, and steps that run only when their file is missing."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+
+    def path(self, *parts: str) -> Path:
+        return self.out.joinpath(*parts)
+
+    def tensors(self, path: Path, make_them: Callable[[], dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Load ``path`` if it exists, else make the tensors, write them whole, and return them."""
+        from safetensors.torch import load_file
+
+        if path.is_file():
+            return load_file(str(path))
+        made = {k: torch.as_tensor(np.ascontiguousarray(v)) for k, v in make_them().items()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_safetensors(path, made)
+        return made
+
+
+def _start_record(folder: Folder, model: str) -> None:
+    from interp.report.confirm_run import _commit
+    from interp.runtime.batching import cpu_identity, kernels
+
+    path = folder.path("meta.json")
+    reg = registration()
+    meta = json.loads(path.read_text()) if path.is_file() else {"registration": reg["name"], "model": model,
+                                                                 "registration_sha256": sha256(), "starts": []}
+    if meta.get("registration_sha256") != sha256() or meta.get("model") != model:
+        raise InterpError(f"{folder.out} holds a run of another registration or model ({meta.get('registration')}, "
+                          f"{meta.get('model')}); give this run its own --out folder")
+    done = sorted(str(p.relative_to(folder.out)) for p in folder.out.rglob("*.safetensors"))
+    meta["starts"].append({"commit": _commit(), "cpu": cpu_identity(), "kernels": kernels("cpu"),
+                           "threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                           "files_done": len(done)})
+    write_json(path, meta)
+
+
+def _token_set(folder: Folder, model: str, reference: Any) -> list[int]:
+    path = folder.path("token_set.json")
+    if path.is_file():
+        return list(json.loads(path.read_text())["ids"])
+    from interp.documents import wiki_documents
+    from interp.quant.llama_cpp_run import gguf_source
+
+    spec = registration()["induction"]["sequences"]
+    size = int(re.search(r"the ([\d,]+) token ids", spec["token_set"]).group(1).replace(",", ""))  # type: ignore[union-attr]
+    tok = reference.tokenizer
+    counts = units.token_counts(tok, [d.text for d in wiki_documents()])
+    ids = units.token_set(counts, tok.all_special_ids, units.gguf_token_types(gguf_source(model)), size)
+    write_json(path, {"ids": ids, "size": size, "distinct_in_text": len(counts)})
+    return ids
+
+
+def _sequences(folder: Folder, reference: Any, ids: list[int]) -> dict[str, torch.Tensor]:
+    from interp.data import bos_token_id
+
+    spec = registration()["induction"]["sequences"]
+    bos = bos_token_id(reference.tokenizer)
+    return folder.tensors(folder.path("sequences.safetensors"), lambda: {
+        part: units.repeated_sequences(ids, bos, spec["R"], spec[part]["n"], spec[part]["seed"])
+        for part in ("selection", "measurement")})
+
+
+def _pairs(folder: Folder, reference: Any, task: str) -> tuple[units.Pairs, dict[str, Any]]:
+    """The task's candidates and the reference's sets (``selection``, ``measurement`` indices, ``reading``)."""
+    spec = registration()["circuits"]["tasks"][task]
+    tok = reference.tokenizer
+    pairs = units.ioi_candidates(tok, spec) if task == "ioi" else units.capital_candidates(tok, spec)
+    path = folder.path("circuits", f"{task}-sets.json")
+    if path.is_file():
+        return pairs, json.loads(path.read_text())
+    kept, seen = cc.passing(reference, pairs, both_ways=task == "capitals", needed=64 + 128)
+    selection, measurement, reading = units.reference_sets(kept)
+    sets = {"candidates": len(pairs), "passing": kept, "filter_values": seen, "selection": selection,
+            "measurement": measurement, "reading": reading}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, sets)
+    return pairs, sets
+
+
+def _reference_circuit(folder: Folder, reference: Any, task: str, pairs: units.Pairs, sets: dict[str, Any]
+                       ) -> pd.DataFrame:
+    path = folder.path("circuits", f"{task}-reference.parquet")
+    if path.is_file():
+        return pd.read_parquet(path)
+    from interp.localize.circuit import circuit
+
+    rc = registration()["circuits"]["reference_circuit"]["pipeline"]
+    top_k, movers = int(re.search(r"top_k=(\d+)", rc).group(1)), int(re.search(r"movers=(\d+)", rc).group(1))  # type: ignore[union-attr]
+    sel = pairs.take(sets["selection"])
+    res = circuit(reference, sel.clean, sel.corrupt, torch.as_tensor(sel.answers), torch.as_tensor(sel.wrongs),
+                  top_k=top_k, movers=movers, ig_steps=1, batch_size=8)
+    effects, _ = cc.edge_effects(reference, sel.clean, sel.corrupt, sel.answers, sel.wrongs, res.confirmed)
+    table = res.confirmed.copy()
+    table["selection_effect"] = effects.mean(axis=1)
+    table["movers"] = ", ".join(res.movers)
+    write_parquet(path, table)
+    write_safetensors(folder.path("circuits", f"{task}-selection-reference.safetensors"),
+                      {"effects": torch.as_tensor(effects)})
+    return table
+
+
+def measure(folder: Folder, model: Any, unit_id: str, stages: Sequence[str], context: dict[str, Any]) -> None:
+    """Every stage's raw numbers for one model (the reference or a quantized instance), skipping what exists."""
+    name = file_name(unit_id)
+    if "induction" in stages:
+        seqs, ids = context["sequences"], context["token_set"]
+
+        def scores() -> dict[str, Any]:
+            pm, cp = induction_scores(model, seqs["measurement"], ids)
+            out = {"pm": pm, "cp": cp}
+            if unit_id == "reference":
+                out["pm_selection"], out["cp_selection"] = induction_scores(model, seqs["selection"], ids)
+            return out
+
+        folder.tensors(folder.path("induction", f"{name}.safetensors"), scores)
+    if "circuits" in stages:
+        for task in TASKS:
+            pairs, sets, edges = context["circuits"][task]
+            if edges is None:
+                continue
+            m = pairs.take(sets["measurement"])
+            folder.tensors(folder.path("circuits", task, f"{name}.safetensors"), lambda: dict(zip(
+                ("effects", "clean"), cc.edge_effects(model, m.clean, m.corrupt, m.answers, m.wrongs, edges),
+                strict=True)))
+
+
+def _done(folder: Folder, unit_id: str, stages: Sequence[str], context: dict[str, Any]) -> bool:
+    name = file_name(unit_id)
+    files = [folder.path("induction", f"{name}.safetensors")] if "induction" in stages else []
+    if "circuits" in stages:
+        files += [folder.path("circuits", t, f"{name}.safetensors") for t in TASKS if context["circuits"][t][2]
+                  is not None]
+    return all(f.is_file() for f in files)
+
+
+def _record(folder: Folder, unit_id: str, model: Any) -> None:
+    from interp.models import weights_digest
+    from interp.runtime.batching import cpu_identity
+
+    path = folder.path("models.json")
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    record[unit_id] = {"weights_sha256": weights_digest(model), "cpu": cpu_identity(),
+                       "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_json(path, record)
+
+
+def run(model_name: str, out: str | Path, stages: Sequence[str] = STAGES, only: Sequence[str] | None = None,
+        build: Path | None = None, progress: bool | None = None) -> Path:
+    """Compute (or resume) the raw data of ``stages`` for ``model_name``, reference first, then every quantized
+    instance of the registration (headline first), or only the labels in ``only``."""
+    from interp.models import cache_dir, load_model
+
+    check_model(model_name)
+    folder = Folder(Path(out))
+    _start_record(folder, model_name)
+    reference = load_model(model_name)
+    context: dict[str, Any] = {"circuits": {}}
+    if "induction" in stages:
+        context["token_set"] = _token_set(folder, model_name, reference)
+        context["sequences"] = _sequences(folder, reference, context["token_set"])
+    if "circuits" in stages:
+        for task in TASKS:
+            pairs, sets = _pairs(folder, reference, task)
+            edges = _reference_circuit(folder, reference, task, pairs, sets) if sets["reading"] != "not measured" \
+                else None
+            context["circuits"][task] = (pairs, sets, edges)
+    measure(folder, reference, "reference", stages, context)
+    entries = [e for e in roster(model_name) if only is None or e.label in only]
+    for entry in entries:
+        for instance, unit_id in zip(entry.instances, entry.ids(), strict=True):
+            if _done(folder, unit_id, stages, context):
+                continue
+            started = time.time()
+            # the llama.cpp files are large and made again from the registered plans: they live in the cache
+            quantized = make(reference, model_name, entry, instance, cache_dir() / "survival-gguf" / model_name, build,
+                             progress=progress)
+            _record(folder, unit_id, quantized)
+            measure(folder, quantized, unit_id, stages, context)
+            print(f"{unit_id}: {time.time() - started:.0f} s", file=sys.stderr, flush=True)
+            del quantized
+            gc.collect()
+    return folder.out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m interp.report.survival.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, choices=["smollm2-135m", "gemma3-270m"])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--stages", default=",".join(STAGES))
+    parser.add_argument("--only", default=None, help="labels of the roster, separated by ; (default: all)")
+    parser.add_argument("--llama-cpp", default=None, help="llama.cpp's binaries (default $LLAMA_CPP_BIN)")
+    args = parser.parse_args(argv)
+    from interp.quant.llama_cpp_run import find_build
+
+    stages = [s for s in args.stages.split(",") if s]
+    unknown = sorted(set(stages) - set(STAGES))
+    try:
+        if unknown:
+            raise DataError(f"unknown stage(s) {', '.join(unknown)}; the stages are {', '.join(STAGES)}")
+        labels = {e.label for e in roster(args.model)}
+        only = [s.strip() for s in args.only.split(";")] if args.only else None
+        if only and set(only) - labels:
+            raise DataError(f"--only names {', '.join(sorted(set(only) - labels))}, not in the roster: "
+                            f"{'; '.join(sorted(labels))}")
+        run(args.model, args.out, stages, only, find_build(args.llama_cpp, need=("llama-quantize",)))
+    except InterpError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
