@@ -73,7 +73,9 @@ def test_legacy_blocks_are_llama_quantizes_own_bytes(ggml_type):
 def test_types_interp_cannot_store_are_refused():
     from interp.quant.llama_cpp import quantize_blocks
 
-    with pytest.raises(SpecError, match="needs llama-quantize"):
-        quantize_blocks(np.zeros((2, 256), np.float32), "q4_k")
+    with pytest.raises(SpecError, match="needs llama-quantize"):  # K-quants are stored here (tests/test_kquants.py)
+        quantize_blocks(np.zeros((2, 256), np.float32), "f16")
     with pytest.raises(SpecError, match="do not split"):
         quantize_blocks(np.zeros((2, 40), np.float32), "q4_0")
+    with pytest.raises(SpecError, match="do not split"):
+        quantize_blocks(np.zeros((2, 96), np.float32), "q4_k")

@@ -24,8 +24,12 @@ def _rotary_order(weight: np.ndarray, n_heads: int) -> np.ndarray:
     return weight.reshape(n_heads, 2, rows // n_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
-    """Write the tiny model to ``path`` (F32 tensors, F32 norms) and return it."""
+def write_tiny_gguf(path: Path, seed: int = 0, replace: dict[str, np.ndarray] | None = None) -> Path:
+    """Write the tiny model to ``path`` (F32 tensors, F32 norms) and return it.
+
+    ``replace``: GGUF name -> float32 values stored instead of that tensor's random ones (same shape, in
+    the stored row order), e.g. awkward rows for a quantizer test.
+    """
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -35,6 +39,15 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
     writer = gguf.GGUFWriter(str(path), "llama")
+    add_tensor = writer.add_tensor
+
+    def replaced(name: str, values: np.ndarray) -> None:
+        new = (replace or {}).get(name)
+        if new is not None and new.shape != values.shape:
+            raise ValueError(f"{name} is {values.shape}; the replacement is {new.shape}")
+        add_tensor(name, values if new is None else np.ascontiguousarray(new, dtype=np.float32))
+
+    writer.add_tensor = replaced  # type: ignore[method-assign]
     writer.add_name("tiny-random-llama")
     writer.add_context_length(512)
     writer.add_embedding_length(WIDTH)

@@ -150,9 +150,9 @@ def _args(p: argparse.ArgumentParser) -> None:
                         "(the default when any llama.cpp option is given)")
     p.add_argument("--score", default="proxy", choices=("proxy", "fisher"),
                    help="with --format llama.cpp: proxy, the output-error proxy tr(dW H dW^T) (RTN stand-ins); "
-                        "fisher, the Fisher-weighted output error in KL nats, with llama.cpp's exact rounding for "
-                        "its legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), and for every type when a llama.cpp build "
-                        "is named")
+                        "fisher, the Fisher-weighted output error in KL nats of every type rounded as llama-quantize "
+                        "rounds it (interp's byte-identical rounding, or the build's own --pure files when one is "
+                        "named; with --gguf, with the importance matrix the file is made with)")
     p.add_argument("--budget", default=None, type=float_in(0, 64, low_open=True),
                    help="average bits per weight, group scales and zero-points counted (gptq group 64: 3.5 to "
                         "4.5 for 3,4); with --format llama.cpp the same as --target-bpw")
@@ -247,21 +247,22 @@ def _llama_cpp(args: argparse.Namespace, model: Any, calibration: Any, start: fl
         if build is not None and source is not None and (gguf is not None or args.score == "fisher"):
             reference = run.quantize(build, source, scratch / "reference-f32.gguf", "F32", "--allow-requantize",
                                      threads=threads, log=log)
-        rounded = None
-        if reference is not None and args.score == "fisher":
-            needed = {t for opts in candidate_options(shapes, args.bits, "fisher", args.types, exclude) for t in opts}
-            rounded = run.pure_rounding(build, reference, sorted(needed), scratch, threads, log)
-        scores = score_llama_options(model, calibration, args.bits, chunks=min(8, len(calibration)),
-                                     batch_size=args.batch_size, progress=progress, score=args.score, seed=args.seed,
-                                     types=args.types, exclude=exclude, rounded=rounded)
-        del rounded  # every candidate's weights: as large as the model several times over
-        if imatrix:
+        matrix = None
+        if imatrix:  # first: the Fisher score rounds every candidate with it, as llama-quantize --imatrix will
             from interp.quant.imatrix import importance_matrix, write_imatrix
 
             matrix = importance_matrix(model, calibration, batch_size=args.batch_size, progress=progress,
                                        datasets=(str(args.data),))
             write_imatrix(matrix, out / "imatrix.gguf")
             saved.append(out / "imatrix.gguf")
+        rounded = None
+        if reference is not None and args.score == "fisher" and matrix is None:  # --pure files: no imatrix
+            needed = {t for opts in candidate_options(shapes, args.bits, "fisher", args.types, exclude) for t in opts}
+            rounded = run.pure_rounding(build, reference, sorted(needed), scratch, threads, log)
+        scores = score_llama_options(model, calibration, args.bits, chunks=min(8, len(calibration)),
+                                     batch_size=args.batch_size, progress=progress, score=args.score, seed=args.seed,
+                                     types=args.types, exclude=exclude, rounded=rounded, imatrix=matrix)
+        del rounded  # every candidate's weights: as large as the model several times over
         made = (gguf, reference) if gguf is not None and reference is not None else None  # a build run's files
         if made is not None:  # the mix first: with --target-size its file sets the room the plan has
             mix_path = run.quantize(build, made[1], out / run.mix_file_name(mix, imatrix), mix, *flags,
@@ -341,9 +342,11 @@ def _rounding(args: argparse.Namespace) -> str:
     """How the score rounded the candidates."""
     if args.score != "fisher":
         return "RTN stand-ins"
+    if args.gguf is not None and not args.no_imatrix:
+        return "every type as llama-quantize --imatrix stores it, by interp's byte-identical rounding"
     if args.build is not None and args.source is not None:  # a Hugging Face folder has no GGUF file to round
         return "every type as llama-quantize stores it"
-    return "legacy types as llama-quantize stores them, K-quants by an RTN stand-in"
+    return "every type as llama-quantize stores it, by interp's byte-identical rounding"
 
 
 def _print_kl(head: str, record: dict[str, Any], gguf: Any, out: Any, saved: list[Any]) -> None:

@@ -37,7 +37,7 @@ import numpy as np
 
 from interp.errors import SpecError
 
-__all__ = ["KQUANT_TYPES", "dequantize", "llama_importance", "quantize"]
+__all__ = ["KQUANT_TYPES", "dequantize", "llama_importance", "quantize", "quantize_legacy"]
 
 KQUANT_TYPES = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 QK = 256  # weights per super-block
@@ -152,7 +152,8 @@ def _fit_offset(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: fl
     ``nstep + 1`` scales, each with the least-squares scale and min of its levels, kept when its weighted error
     (|d| or d²) is lower. Each kept fit moves the grid the next candidates are rounded on, as in the C loop.
     Returns (scale, the min as a positive offset, levels)."""
-    lo = np.minimum(x.min(axis=1), F32(0))
+    lo = np.take_along_axis(x, np.argmin(x, axis=1)[:, None], axis=1)[:, 0]  # the first minimum, -0.0 kept
+    lo = np.where(lo > 0, F32(0), lo)
     hi = x.max(axis=1)
     sum_w = _seqsum(w)
     sum_x = _seqsum(w * x)
@@ -452,6 +453,44 @@ def _q6_k(x: np.ndarray, qw: np.ndarray | None) -> np.ndarray:
 _QUANTIZERS = {"q2_k": _q2_k, "q3_k": _q3_k, "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k}
 
 
+def _legacy(rows: np.ndarray, key: str, importance: np.ndarray) -> np.ndarray:
+    """Q4_0, Q4_1, Q5_0, Q5_1 with an importance matrix (ggml's ``quantize_row_q4_0_impl`` ...): blocks of 32, each
+    fit by the K-quants' searches with weights ``qw * sqrt(sigma2 + x²)`` (sigma2 the mean x² of the whole row), the
+    fit's scale (and min) stored in fp16 and its levels as they are (no second rounding)."""
+    n_rows, width = rows.shape
+    sigma2 = _seqsum(rows * rows) / F32(width)
+    qw = np.broadcast_to(importance, rows.shape)
+    x = rows.reshape(-1, 32)
+    weight = (qw * np.sqrt(sigma2[:, None] + rows * rows)).reshape(-1, 32)
+    if key in ("q4_0", "q5_0"):
+        scale, levels = _fit_symmetric(x, 8 if key == "q4_0" else 16, weight)
+        head = [_fp16(scale)[0][:, None]]
+    else:
+        scale, the_min, levels = _fit_offset(x, weight, 15 if key == "q4_1" else 31, -0.9, 0.05, 36, False, False)
+        head = [_fp16(scale)[0][:, None], _fp16(-the_min)[0][:, None]]
+    low = (levels[:, :16] & 0xF | (levels[:, 16:] & 0xF) << 4).astype(np.uint8)
+    if key in ("q5_0", "q5_1"):
+        bits = np.concatenate([levels[:, :16] >> 4, levels[:, 16:] >> 4], axis=1).astype(np.uint32)  # bit j: weight j
+        head.append((bits << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32).astype("<u4")[:, None])
+    return _bytes(*head, low).reshape(n_rows, -1)
+
+
+def quantize_legacy(values: np.ndarray, ggml_type: str, importance: np.ndarray) -> np.ndarray:
+    """Rows in Q4_0, Q4_1, Q5_0 or Q5_1 as ``llama-quantize --imatrix`` stores them: ``uint8 [rows, bytes per row]``.
+
+    Without an importance matrix llama.cpp stores these types by its reference rounding (gguf-py's
+    quantizers: :func:`interp.quant.llama_cpp.quantize_blocks`); Q8_0 ignores the matrix.
+
+    Raises:
+        SpecError: another type, a width that is not a multiple of 32, or an importance that does not fit.
+    """
+    key = str(ggml_type).strip().lower()
+    if key not in ("q4_0", "q4_1", "q5_0", "q5_1"):
+        raise SpecError(f"{ggml_type!r} has no importance-weighted rounding here; use q4_0, q4_1, q5_0 or q5_1")
+    rows, qw = _checked(values, key, importance, 32)
+    return _legacy(rows, key, qw)
+
+
 def _check_type(ggml_type: str) -> str:
     key = str(ggml_type).strip().lower()
     if key not in _QUANTIZERS:
@@ -475,25 +514,33 @@ def quantize(values: np.ndarray, ggml_type: str, importance: np.ndarray | None =
             another width, or values or importance that are not finite.
     """
     key = _check_type(ggml_type)
+    rows, qw = _checked(values, key, importance, QK)
+    if qw is not None:
+        per_row = rows.shape[1] // QK
+        qw = np.broadcast_to(qw.reshape(1, per_row, QK), (rows.shape[0], per_row, QK)).reshape(-1, QK)
+    blocks = _QUANTIZERS[key](rows.reshape(-1, QK), qw)
+    return blocks.reshape(rows.shape[0], -1)
+
+
+def _checked(values: np.ndarray, key: str, importance: np.ndarray | None, block: int
+             ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows as contiguous float32 ``[rows, width]`` and the importance as float32 ``[width]`` (SpecError if unfit)."""
     rows = np.asarray(values, dtype=F32)
     if rows.ndim == 1:
         rows = rows[None]
-    if rows.ndim != 2 or rows.shape[1] % QK or rows.shape[1] == 0:
-        raise SpecError(f"{key} stores rows in blocks of {QK} weights; rows of shape {tuple(np.shape(values))} do "
+    if rows.ndim != 2 or rows.shape[1] % block or rows.shape[1] == 0:
+        raise SpecError(f"{key} stores rows in blocks of {block} weights; rows of shape {tuple(np.shape(values))} do "
                         "not split into them")
     if not np.isfinite(rows).all():
         raise SpecError(f"the weights to store as {key} hold NaN or infinite values")
-    per_row = rows.shape[1] // QK
-    qw = None
-    if importance is not None:
-        qw = np.asarray(importance, dtype=F32).reshape(-1)
-        if qw.size != rows.shape[1]:
-            raise SpecError(f"the importance has {qw.size} values; the rows have {rows.shape[1]} input channels")
-        if not np.isfinite(qw).all():
-            raise SpecError("the importance holds NaN or infinite values (llama-quantize refuses such an imatrix)")
-        qw = np.broadcast_to(qw.reshape(1, per_row, QK), (rows.shape[0], per_row, QK)).reshape(-1, QK)
-    blocks = _QUANTIZERS[key](np.ascontiguousarray(rows).reshape(-1, QK), qw)
-    return blocks.reshape(rows.shape[0], -1)
+    if importance is None:
+        return np.ascontiguousarray(rows), None
+    qw = np.asarray(importance, dtype=F32).reshape(-1)
+    if qw.size != rows.shape[1]:
+        raise SpecError(f"the importance has {qw.size} values; the rows have {rows.shape[1]} input channels")
+    if not np.isfinite(qw).all():
+        raise SpecError("the importance holds NaN or infinite values (llama-quantize refuses such an imatrix)")
+    return np.ascontiguousarray(rows), qw
 
 
 def dequantize(blocks: np.ndarray, ggml_type: str) -> np.ndarray:

@@ -45,9 +45,9 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-__all__ = ["GGML_TYPES", "LEGACY_TYPES", "MIXES", "bits_per_weight", "embedding_type", "fallback", "gguf_block_weights",
-           "gguf_name", "mix_types", "quantize_blocks", "read_tensor_types", "resolve_tensor_types", "stored_weight",
-           "tensor_bytes", "tensor_type_lines", "type_for_bits", "types_average_bits", "use_more_bits",
+__all__ = ["GGML_TYPES", "LEGACY_TYPES", "MIXES", "STORED_TYPES", "bits_per_weight", "embedding_type", "fallback",
+           "gguf_block_weights", "gguf_name", "mix_types", "quantize_blocks", "read_tensor_types", "resolve_tensor_types",
+           "stored_weight", "tensor_bytes", "tensor_type_lines", "type_for_bits", "types_average_bits", "use_more_bits",
            "write_tensor_types"]
 
 # type -> (weights per block, bytes per block), from the block structs of ggml-common.h
@@ -297,34 +297,51 @@ def gguf_block_weights(path: str | os.PathLike[str]) -> dict[tuple[int, str], tu
 # types interp can store exactly as llama-quantize does (without an importance matrix): gguf-py's reference
 # quantizers, byte-identical to llama.cpp's (tests/test_gguf_weights.py, against llama-quantize's own blocks)
 LEGACY_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+# every type interp stores as llama-quantize does, with or without an importance matrix: the legacy types and the
+# K-quants (interp.quant.kquants; tests/test_kquants.py checks the bytes against llama-quantize's)
+STORED_TYPES = (*LEGACY_TYPES, "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 
 
-def quantize_blocks(values: np.ndarray, ggml_type: str) -> np.ndarray:
-    """The stored blocks (``uint8 [rows, bytes per row]``) of float32 rows in a legacy type, as llama-quantize writes.
+def quantize_blocks(values: np.ndarray, ggml_type: str, importance: np.ndarray | None = None) -> np.ndarray:
+    """The stored blocks (``uint8 [rows, bytes per row]``) of float32 rows, as llama-quantize writes them.
+
+    ``importance``: the ``[d_in]`` values ``llama-quantize --imatrix`` passes for this tensor
+    (:func:`interp.quant.kquants.llama_importance`), or None for a file made without an
+    importance matrix. The legacy types without one go through gguf-py's reference quantizers;
+    K-quants, and Q4_0 ... Q5_1 with one, through :mod:`interp.quant.kquants` (Q8_0 ignores it,
+    as llama.cpp does).
 
     Raises:
-        SpecError: a type outside :data:`LEGACY_TYPES`, or rows whose width the type's block does not divide.
+        SpecError: a type outside :data:`STORED_TYPES`, rows whose width the type's block does
+            not divide, or an importance of another width.
     """
     import gguf
     import numpy
 
+    from interp.quant import kquants
+
     wanted = check_type(ggml_type)
-    if wanted not in LEGACY_TYPES:
-        raise SpecError(f"interp stores only {', '.join(LEGACY_TYPES)} without llama.cpp; {wanted} needs "
+    if wanted not in STORED_TYPES:
+        raise SpecError(f"interp stores only {', '.join(STORED_TYPES)} without llama.cpp; {wanted} needs "
                         "llama-quantize")
     rows = numpy.ascontiguousarray(values, dtype=numpy.float32)
     if rows.shape[-1] % GGML_TYPES[wanted][0]:
         raise SpecError(f"{wanted} stores blocks of {GGML_TYPES[wanted][0]} weights; rows of {rows.shape[-1]} do not "
                         "split into them")
+    if wanted in kquants.KQUANT_TYPES:
+        return kquants.quantize(rows, wanted, importance)
+    if importance is not None and wanted != "q8_0":
+        return kquants.quantize_legacy(rows, wanted, importance)
     return gguf.quants.quantize(rows, gguf.GGMLQuantizationType[wanted.upper()])
 
 
-def stored_weight(weight: torch.Tensor, ggml_type: str) -> torch.Tensor:
-    """``weight`` ``[d_out, d_in]`` as llama.cpp stores it in a legacy type, dequantized (float32)."""
+def stored_weight(weight: torch.Tensor, ggml_type: str, importance: np.ndarray | None = None) -> torch.Tensor:
+    """``weight`` ``[d_out, d_in]`` as llama.cpp stores it in ``ggml_type`` (with ``importance`` where the file is
+    made with an importance matrix: see :func:`quantize_blocks`), dequantized (float32)."""
     import gguf
     import torch
 
-    blocks = quantize_blocks(weight.detach().float().cpu().numpy(), ggml_type)
+    blocks = quantize_blocks(weight.detach().float().cpu().numpy(), ggml_type, importance)
     values = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[ggml_type.upper()])
     # host: gguf quantizes in numpy; the dequantized weight goes back to the weight's device, once
     return torch.from_numpy(values.reshape(weight.shape).copy()).to(weight.device)

@@ -216,7 +216,7 @@ class LlamaScores:
 def score_llama_options(model: Model, calibration: Examples, widths: Sequence[int] | None = (3, 4, 5, 6, 8),
                         chunks: int = 8, batch_size: int = 8, progress: bool | None = None, score: str = "proxy",
                         seed: int = 0, types: Sequence[str] | None = None, exclude: Sequence[str] = (),
-                        rounded: Rounded | None = None) -> LlamaScores:
+                        rounded: Rounded | None = None, imatrix: Any = None) -> LlamaScores:
     """Score every candidate type (:func:`candidate_options`) of every block linear weight.
 
     ``score="proxy"``: each type is scored by the output-error proxy (``proxy_sensitivity`` of the
@@ -224,11 +224,16 @@ def score_llama_options(model: Model, calibration: Examples, widths: Sequence[in
 
     ``score="fisher"``: each type is scored by :func:`~interp.quant.fisher.fisher_sensitivity`
     (KL nats per token) on the weight as llama.cpp stores it: ``rounded``'s weight where it gives
-    one (llama.cpp's own, e.g. :func:`interp.quant.llama_cpp_run.pure_rounding`), else exactly for
-    the legacy types (:func:`~interp.quant.llama_cpp.stored_weight`) and through the RTN stand-in at
-    the type's width for K-quants.
+    one (llama.cpp's own, e.g. :func:`interp.quant.llama_cpp_run.pure_rounding`), else interp's
+    rounding of every type, byte-identical to llama-quantize's
+    (:func:`~interp.quant.llama_cpp.stored_weight`: gguf-py's for the legacy types, :mod:`interp.quant.kquants`
+    for the K-quants). With ``imatrix`` (the :class:`~interp.quant.imatrix.ImportanceMatrix` the
+    plan's file is quantized with, ``llama-quantize --imatrix``) interp rounds each weight with its
+    entry, as llama-quantize does; a weight the matrix has no entry for is rounded without one,
+    as llama-quantize does too.
     """
-    from interp.quant.llama_cpp import LEGACY_TYPES, stored_weight
+    from interp.quant.kquants import llama_importance
+    from interp.quant.llama_cpp import gguf_name, stored_weight
 
     if score not in ("proxy", "fisher"):
         raise SpecError(f"score must be 'proxy' or 'fisher'; got {score!r}")
@@ -236,14 +241,14 @@ def score_llama_options(model: Model, calibration: Examples, widths: Sequence[in
     options = candidate_options(shapes, widths, score, types, exclude)
     if score == "fisher":
         from interp.quant.fisher import fisher_sensitivity
-        from interp.quant.methods import quantize_weight
 
         allowed = {s.name: opts for s, opts in zip(shapes, options, strict=True)}
 
         def stored(layer: int, role: str, W: Any) -> dict[str, Any]:
             exact = dict(rounded(layer, role, W)) if rounded is not None else {}
-            return {t: exact[t] if t in exact else stored_weight(W, t) if t in LEGACY_TYPES else
-                    quantize_weight(W, f"rtn:bits={TYPE_SCORE_BITS[t]},group=32") for t in allowed[f"{layer}.{role}"]}
+            name = gguf_name(layer, role)
+            weights = llama_importance(imatrix, name) if imatrix is not None and name in imatrix.sums else None
+            return {t: exact[t] if t in exact else stored_weight(W, t, weights) for t in allowed[f"{layer}.{role}"]}
 
         fisher = fisher_sensitivity(model, calibration, stored, chunks=chunks, batch_size=batch_size, seed=seed,
                                     progress=progress)
@@ -252,7 +257,8 @@ def score_llama_options(model: Model, calibration: Examples, widths: Sequence[in
                    for w, name in enumerate(fisher.names)}
         losses = [[by_name[s.name][t] for t in opts] for s, opts in zip(shapes, options, strict=True)]
         rounding = ("every type as llama-quantize stores it" if rounded is not None else
-                    "legacy types exact, K-quants by RTN group 32")
+                    "every type as llama-quantize stores it, by interp's byte-identical rounding")
+        rounding += ", with the importance matrix" if imatrix is not None else ""
         spent, how = fisher.settings["seconds"], ("1/2 g² (ΔW x)² per token (KL nats), g the output gradient of "
                                                   f"sampled labels; {rounding}")
     else:
@@ -314,7 +320,7 @@ def prescribe_llama_cpp(model: Model, budget: float, calibration: Examples,
                         widths: Sequence[int] | None = (3, 4, 5, 6, 8), chunks: int = 8, batch_size: int = 8,
                         progress: bool | None = None, score: str = "proxy", seed: int = 0,
                         types: Sequence[str] | None = None, exclude: Sequence[str] = (),
-                        rounded: Rounded | None = None) -> LlamaPlan:
+                        rounded: Rounded | None = None, imatrix: Any = None) -> LlamaPlan:
     """llama.cpp types for every block linear weight under ``budget`` bits per weight.
 
     The candidates are :func:`candidate_options`: the ``widths``' types, or ``types``, less
@@ -325,9 +331,9 @@ def prescribe_llama_cpp(model: Model, budget: float, calibration: Examples,
     ``score="fisher"``: the options are every type of those widths the weight's input width stores
     as asked (Q4_0 and Q4_1 beside Q4_K...), each scored by
     :func:`~interp.quant.fisher.fisher_sensitivity` (KL nats per token) on the weight as llama.cpp
-    would store it: ``rounded``'s weights where given (llama.cpp's own), else exactly for the
-    legacy types (:func:`~interp.quant.llama_cpp.stored_weight`) and through the RTN stand-in at
-    the type's width for K-quants.
+    would store it: ``rounded``'s weights where given (llama.cpp's own), else by interp's
+    byte-identical rounding of every type (:func:`~interp.quant.llama_cpp.stored_weight`), with
+    ``imatrix`` where the file is quantized with that importance matrix.
 
     Either way each option costs its type's bits per weight, and :func:`~interp.quant.prescribe.choose_options`
     picks the least summed score that fits (cost resolution: 1/50000 of the budget): see
@@ -337,5 +343,6 @@ def prescribe_llama_cpp(model: Model, budget: float, calibration: Examples,
         raise SpecError(f"score must be 'proxy' or 'fisher'; got {score!r}")
     check_llama_budget(model_shapes(model), widths, budget, score, types, exclude)  # before any scoring
     scores = score_llama_options(model, calibration, widths, chunks=chunks, batch_size=batch_size, progress=progress,
-                                 score=score, seed=seed, types=types, exclude=exclude, rounded=rounded)
+                                 score=score, seed=seed, types=types, exclude=exclude, rounded=rounded,
+                                 imatrix=imatrix)
     return choose_llama_types(scores, budget)
