@@ -1,0 +1,123 @@
+"""The survival study's registered statistics (issue 48) on synthetic raw data whose answers are known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from interp.report.survival.analyse import (circuit_analysis, decide, edge_verdict, head_verdict,
+                                            induction_analysis, ratio_of_means)
+from interp.report.survival.registration import registration
+from interp.report.survival.run import file_name
+from interp.stats import Estimate
+
+MODEL = "smollm2-135m"
+SEEDS = [1, 2, 3]  # three re-analyses keep the test fast; the page uses the registered twenty
+
+
+def _save(path, **arrays):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: torch.as_tensor(np.ascontiguousarray(v)) for k, v in arrays.items()}, str(path))
+
+
+def test_verdict_rules_read_the_interval_ends():
+    e = lambda lo, hi: Estimate((lo + hi) / 2, lo, hi)  # noqa: E731
+    assert head_verdict(e(0.6, 0.9), e(0.5, 0.7), 0.5) == "keeps its role"
+    assert head_verdict(e(0.6, 0.9), e(0.1, 0.49), 0.5) == "loses its role"
+    assert head_verdict(e(0.4, 0.9), e(0.6, 0.7), 0.5) == "not resolved"
+    readings = [edge_verdict(e(lo, hi)) for lo, hi in
+                [(0.8, 1.2), (0.5, 0.79), (-0.3, 0.49), (0.6, 0.9), (0.3, 0.7), (0.3, 0.9)]]
+    assert readings == ["kept", "weakened", "broken", "kept or weakened", "weakened or broken", "not resolved"]
+
+
+def test_ratio_of_means_is_the_ratio_and_its_interval_covers_it():
+    rng = np.random.default_rng(0)
+    ref = 1 + 0.1 * rng.standard_normal((200, 2, 3))
+    q = [0.5 * ref + 0.01 * rng.standard_normal(ref.shape) for _ in range(3)]
+    c = ratio_of_means(q, ref, (1, 2), n_boot=400, seed=0)
+    expected = np.mean([qi[:, 1, 2].mean() / ref[:, 1, 2].mean() for qi in q])
+    assert c.estimate.value == pytest.approx(expected, rel=1e-12)
+    assert c.estimate.low < expected < c.estimate.high and c.instances == 3
+
+
+def test_decide_flags_a_bound_within_two_monte_carlo_errors():
+    e = {"x": Estimate(0.6, 0.501, 0.7)}
+    replicas = [{"x": Estimate(0.6, 0.501 + d, 0.7)} for d in (-0.01, 0.0, 0.01)]
+    d = decide(lambda est: edge_verdict(est["x"]), e, replicas, {"x": (0.5, 0.8)})
+    assert d.verdict == "weakened" and d.reading.startswith("on the boundary: weakened /") and d.bound == "x.low vs 0.5"
+    far = decide(lambda est: edge_verdict(est["x"]), {"x": Estimate(0.65, 0.6, 0.7)}, replicas, {"x": (0.5, 0.8)})
+    assert far.reading == "weakened"
+
+
+@pytest.fixture
+def induction_raw(tmp_path):
+    """Two induction heads (PM ~0.8, copying > 0), one prefix-matcher without copying; RTN halves nothing but kills
+    head 1.1's prefix matching, GPTQ keeps both."""
+    rng = np.random.default_rng(1)
+    pm = 0.05 + 0.01 * rng.random((128, 2, 2))
+    cp = 0.0 + 0.01 * rng.standard_normal((128, 2, 2))
+    pm[:, 1, 0], pm[:, 1, 1], pm[:, 0, 1] = 0.8, 0.7, 0.6
+    cp[:, 1, 0] += 2.0
+    cp[:, 1, 1] += 1.0
+    meas_pm = np.concatenate([pm, pm]) + 0.01 * rng.random((256, 2, 2))
+    meas_cp = np.concatenate([cp, cp])
+    _save(tmp_path / "induction" / "reference.safetensors", pm_selection=pm, cp_selection=cp, pm=meas_pm, cp=meas_cp)
+    rtn_pm = meas_pm.copy()
+    rtn_pm[:, 1, 1] *= 0.1
+    _save(tmp_path / "induction" / f"{file_name('rtn:bits=3,group=64')}.safetensors", pm=rtn_pm, cp=meas_cp * 0.95)
+    for s in (61, 62, 63):
+        _save(tmp_path / "induction" / f"{file_name(f'gptq:bits=3,group=64@seed{s}')}.safetensors",
+              pm=meas_pm * (0.97 + 0.001 * s - 0.06), cp=meas_cp * 0.9)
+    return tmp_path
+
+
+def test_induction_analysis_finds_the_heads_and_judges_them(induction_raw):
+    r = induction_analysis(induction_raw, MODEL, registration(), seeds=SEEDS)
+    assert r["bar_met"] and r["judged_heads"] == ["1.0", "1.1"]
+    listed = r["reference_heads"].set_index("head")
+    assert not listed.loc["0.1", "induction head"]  # prefix matching without copying: listed, not judged
+    v = r["survival"].set_index(["method", "head"])["verdict"]
+    assert v[("rtn:bits=3,group=64", "1.0")] == "keeps its role"
+    assert v[("rtn:bits=3,group=64", "1.1")] == "loses its role"
+    assert (v.loc["gptq:bits=3,group=64"] == "keeps its role").all()
+    summary = r["summary"].set_index("method")
+    assert summary.loc["rtn:bits=3,group=64", "share_kept"] == pytest.approx(0.5)
+    assert summary.loc["gptq:bits=3,group=64", "instances"] == 3
+    contrast = r["rtn_vs_gptq"].set_index("bits")
+    assert contrast.loc[3, "verdict"] == "holds in direction" and contrast.loc[3, "D"] > 0
+
+
+@pytest.fixture
+def circuit_raw(tmp_path):
+    rng = np.random.default_rng(2)
+    folder = tmp_path / "circuits"
+    table = pd.DataFrame({"edge": ["head 1.0 -> logits", "mlp 1 -> logits", "head 0.1 -> q 1.0"],
+                          "sender": ["head 1.0", "mlp 1", "head 0.1"], "receiver": ["logits", "logits", "q 1.0"],
+                          "eap": [-1.0, -0.5, 0.01], "selection_effect": [-1.0, -0.5, 0.02]})
+    folder.mkdir(parents=True)
+    table.to_parquet(folder / "ioi-reference.parquet")
+    ref = np.stack([-1 + 0.1 * rng.standard_normal(128), -0.5 + 0.05 * rng.standard_normal(128),
+                    0.3 * rng.standard_normal(128)])
+    clean = 3 + 0.2 * rng.standard_normal(128)
+    _save(folder / "ioi" / "reference.safetensors", effects=ref, clean=clean)
+    q = ref.copy()
+    q[1] *= 0.2  # the MLP edge breaks
+    _save(folder / "ioi" / f"{file_name('rtn:bits=3,group=64')}.safetensors", effects=q, clean=clean - 1.0)
+    return tmp_path
+
+
+def test_circuit_analysis_judges_edges_bands_and_the_lost_logit_difference(circuit_raw):
+    r = circuit_analysis(circuit_raw, MODEL, "ioi", registration(), seeds=SEEDS)
+    assert r["edges"]["judged"].tolist() == [True, True, False]  # the third edge's interval covers 0
+    per_edge = r["per_edge"].set_index("edge")
+    assert per_edge.loc["head 1.0 -> logits", "verdict"] == "kept"
+    assert per_edge.loc["mlp 1 -> logits", "verdict"] == "broken"
+    assert per_edge.loc["mlp 1 -> logits", "lost_part"] == pytest.approx(0.8 * 0.5, rel=0.1)
+    method = r["per_method"].set_index("method").loc["rtn:bits=3,group=64"]
+    assert (method["share_kept"], method["share_broken"], method["reading"]) == (0.5, 0.5, "circuit broken")
+    assert (method["kept"], method["broken"]) == (1, 1)
+    assert method["ld_lost"] == pytest.approx(1.0, rel=1e-9)
+    assert circuit_analysis(circuit_raw, MODEL, "capitals", registration()) is None
