@@ -49,6 +49,7 @@ from interp.display import ResultDisplay
 from interp.errors import ComponentError, DataError, InterpError, NonFiniteError
 from interp.io import ensure_writable_dir, read_safetensors, write_json, write_parquet, write_safetensors
 from interp.models import Model, model_name
+from interp.results import CheckedResult
 from interp.runtime import hooks as hk
 from interp.runtime.batching import StopForward, batches, check_examples, check_memory, device_of, show_progress
 from interp.runtime.scoring import token_nll
@@ -160,7 +161,7 @@ def _check_pair(component: str, reducer: str) -> None:
 
 @checked_class
 @dataclass(frozen=True)
-class ProbeResult(ResultDisplay):
+class ProbeResult(CheckedResult, ResultDisplay):
     """Per-layer, per-example statistics from :func:`probe`.
 
     Attributes:
@@ -179,7 +180,13 @@ class ProbeResult(ResultDisplay):
         ([0, 1], ['row0', 'row1', 'row2'], (2, 3))
         >>> res.summary().columns.tolist()
         ['resid_post/norm']
+
+    Made only finite: see :mod:`interp.results`.
     """
+
+    # a ``full`` capture of padded prompts holds NaN at the pad positions, by design (see probe); every reduced
+    # statistic is checked
+    allow_nan = ("stats[*/full]",)
 
     stats: dict[str, torch.Tensor]
     layers: list[int]
@@ -192,6 +199,7 @@ class ProbeResult(ResultDisplay):
             if value.shape[:2] != (len(self.layers), len(self.ids)):
                 raise InterpError(f"ProbeResult stat {key} has shape {tuple(value.shape)}; expected "
                                   f"[{len(self.layers)}, {len(self.ids)}, ...].")
+        super().__post_init__()  # finite (CheckedResult), after the shapes
 
     def __getitem__(self, key: tuple[str, str] | str) -> torch.Tensor:
         name = key if isinstance(key, str) else f"{key[0]}/{key[1]}"

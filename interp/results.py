@@ -6,8 +6,11 @@ lists, tuples and dicts that hold them) and raises :class:`~interp.errors.NonFin
 class and the field where NaN or inf sits. A field the class names in ``ranked`` holds scores whose
 last axis is ranked (logits read by ``argmax`` or ``topk``): a row whose values are all equal ranks
 nothing, so it is refused too, and a class whose ranking lives elsewhere says so in
-``meaningless()``. A bare tensor result (:func:`interp.steering_vector`) goes through
-:func:`check_values`, the same walk.
+``meaningless()``. A field the class names in ``allow_nan`` (or entries of it, ``"field[GLOB]"``: the keys of a
+dict or the columns of a DataFrame that match) may hold NaN where NaN is a documented value, not a failure: an
+undefined correlation (a constant vector, fewer than 3 pairs, no bootstrap; :func:`interp.stats.correlation`) or
+a padded position of a ``full`` capture. inf is refused there too. A bare tensor result
+(:func:`interp.steering_vector`) goes through :func:`check_values`, the same walk.
 
 Questions that have no answer are refused before any model runs, in the same words everywhere:
 :func:`distinct_answers` (a logit difference of a token with itself is zero whatever the model does).
@@ -52,9 +55,13 @@ class CheckedResult:
 
     Attributes:
         ranked: names of fields whose last axis is ranked (logits): a row of equal values is refused.
+        allow_nan: fields, or entries ``"field[GLOB]"`` of a dict field or DataFrame (keys or columns matching
+            the glob), where NaN is a documented value (an undefined correlation, a padded position); inf is
+            still refused there. Each class says why next to its list.
     """
 
     ranked: ClassVar[tuple[str, ...]] = ()
+    allow_nan: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         check_result(self)
@@ -67,44 +74,48 @@ class CheckedResult:
 _LEAF = object()  # what _leaf returns for a value that holds other values (followed by non_finite)
 
 
-def _leaf(value: Any) -> Any:
-    """Where a tensor, array, frame or number holds NaN or inf (None: it does not); ``_LEAF`` for a container."""
+def _leaf(value: Any, nan_ok: bool = False) -> Any:
+    """Where a tensor, array, frame or number holds NaN or inf (only inf with ``nan_ok``; None: it does not);
+    ``_LEAF`` for a container."""
     kind = type(value).__name__
     if kind in ("Tensor", "Parameter") and hasattr(value, "is_floating_point"):
         if value.device.type == "meta" or value.numel() == 0 or not (value.is_floating_point() or value.is_complex()):
             return None
-        bad = ~value.detach().isfinite()
+        bad = value.detach().isinf() if nan_ok else ~value.detach().isfinite()
         return f"tensor {tuple(value.shape)}, at {bad.nonzero()[0].tolist()}" if bool(bad.any()) else None
     if isinstance(value, (bool, int)):
         return None
     if isinstance(value, float) or kind in ("float64", "float32", "float16"):
-        return None if math.isfinite(float(value)) else repr(float(value))
+        number = float(value)
+        return None if math.isfinite(number) or (nan_ok and math.isnan(number)) else repr(number)
     if kind == "ndarray":
         import numpy as np
 
-        if value.dtype.kind not in "fc" or value.size == 0 or np.isfinite(value).all():
+        if value.dtype.kind not in "fc" or value.size == 0:
             return None
-        return f"array {value.shape}, at {[int(i) for i in np.argwhere(~np.isfinite(value))[0]]}"
+        wrong = np.isinf(value) if nan_ok else ~np.isfinite(value)
+        return f"array {value.shape}, at {[int(i) for i in np.argwhere(wrong)[0]]}" if wrong.any() else None
     if kind in ("DataFrame", "Series"):
         numeric = value.select_dtypes("number") if kind == "DataFrame" else value
         if kind == "Series" and value.dtype.kind not in "fc":
             return None
-        inner = _leaf(numeric.to_numpy(dtype=float))
+        inner = _leaf(numeric.to_numpy(dtype=float), nan_ok)
         return None if inner is None else f"{kind} {inner}"
     return _LEAF
 
 
-def non_finite(value: Any, depth: int = 0) -> str | None:
-    """Where ``value`` holds NaN or inf (a short description), or None when all of it is finite.
+def non_finite(value: Any, depth: int = 0, nan_ok: bool = False) -> str | None:
+    """Where ``value`` holds NaN or inf (a short description), or None when all of it is finite; with ``nan_ok``,
+    where it holds inf (NaN passes).
 
     Example:
         >>> import numpy as np
-        >>> non_finite({"a": [1.0, 2.0]}), non_finite({"a": [1.0, np.inf]})
-        (None, "['a'][1]: inf")
+        >>> non_finite({"a": [1.0, 2.0]}), non_finite({"a": [1.0, np.inf]}), non_finite([np.nan], nan_ok=True)
+        (None, "['a'][1]: inf", None)
     """
     if depth > _DEPTH:
         return None
-    leaf = _leaf(value)
+    leaf = _leaf(value, nan_ok)
     if leaf is not _LEAF:
         return leaf
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -116,7 +127,7 @@ def non_finite(value: Any, depth: int = 0) -> str | None:
     else:
         return None
     for key, item in items:
-        where = non_finite(item, depth + 1)
+        where = non_finite(item, depth + 1, nan_ok)
         if where is not None:
             return f"{key}{'' if where.startswith(('[', '.')) else ': '}{where}"
     return None
@@ -158,8 +169,9 @@ def check_result(result: Any, what: str | None = None) -> None:
                                  "check them (interp.nll names the rows where NaN appears).")
         return
     name = what or type(result).__name__
+    allowed = getattr(result, "allow_nan", ())
     for f in dataclasses.fields(result):
-        where = non_finite(getattr(result, f.name))
+        where = _field_non_finite(getattr(result, f.name), f.name, allowed)
         if where is not None:
             raise NonFiniteError(f"{name}.{f.name} holds NaN or inf ({where}): it is not a measurement, so interp "
                                  "does not return it. The model's weights or inputs overflow; check them (interp.nll "
@@ -178,6 +190,36 @@ def check_result(result: Any, what: str | None = None) -> None:
     why = rule() if callable(rule) else None
     if why:
         raise NonFiniteError(f"{name}: {why}")
+
+
+def _field_non_finite(value: Any, name: str, allowed: Any) -> str | None:
+    """:func:`non_finite` of one field, NaN passing where ``allowed`` (a class's ``allow_nan``) names the field or,
+    as ``"name[GLOB]"``, the keys of a dict field or the columns of a DataFrame field that match."""
+    if name in allowed:
+        return non_finite(value, nan_ok=True)
+    globs = [entry[len(name) + 1 : -1] for entry in allowed if entry.startswith(f"{name}[") and entry.endswith("]")]
+    if not globs:
+        return non_finite(value)
+    import fnmatch
+
+    def nan_ok(key: Any) -> bool:
+        return any(fnmatch.fnmatchcase(str(key), glob) for glob in globs)
+
+    if isinstance(value, dict):
+        items = list(value.items())[:_ITEMS]
+        for key, item in items:
+            where = non_finite(item, 1, nan_ok(key))
+            if where is not None:
+                return f"[{key!r}]{'' if where.startswith(('[', '.')) else ': '}{where}"
+        return None
+    if type(value).__name__ == "DataFrame":
+        for column in value.columns:
+            if value[column].dtype.kind in "fc":
+                where = _leaf(value[column].to_numpy(dtype=float), nan_ok(column))
+                if where is not None:
+                    return f"[{column!r}]: {where}"
+        return None
+    return non_finite(value)
 
 
 def distinct_answers(answers: Any, wrongs: Any, ids: Any = None) -> None:

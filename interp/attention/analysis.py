@@ -32,6 +32,7 @@ from interp.data import Examples
 from interp.display import ResultDisplay
 from interp.models import Model
 from interp.probes import ProbeResult, probe
+from interp.results import CheckedResult
 from interp.runtime import hooks as hk
 from interp.validate import checked
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class AttentionResult(ResultDisplay):
+class AttentionResult(CheckedResult, ResultDisplay):
     """Per layer and head attention statistics, for the reference model and optionally SAOBP.
 
     Attributes:
@@ -49,6 +50,8 @@ class AttentionResult(ResultDisplay):
         nll_reference: per-example NLL of the unmodified model (when computed).
         nll_saobp: per-example NLL with SAOBP on the analysed layers (when computed).
         settings: beta, mode, layers, examples' settings.
+
+    Made only finite: see :mod:`interp.results`.
     """
 
     table: pd.DataFrame

@@ -47,7 +47,7 @@ from interp.errors import ComponentError, DataError, InterpError
 from interp.localize.patching.patches import PATCHABLE
 from interp.localize.prompts import Answers, Prompts, answer_ids, as_examples
 from interp.models import Model, model_name
-from interp.results import distinct_answers
+from interp.results import CheckedResult, distinct_answers
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of
 from interp.runtime.readout import Readout
@@ -59,7 +59,7 @@ HOWS = ("zero", "mean", "resample")
 
 
 @dataclass(frozen=True)
-class AblationResult(ResultDisplay):
+class AblationResult(CheckedResult, ResultDisplay):
     """Next-token logits at each prompt's last real token, with the ablation and without.
 
     Attributes:
@@ -68,7 +68,13 @@ class AblationResult(ResultDisplay):
         ids: the prompts' ids.
         answers, wrongs: ``[N]`` token ids when given (then :meth:`logit_diff` reads them).
         settings: component, how, layers, heads, positions, the resample rows and seed.
+
+    Made only finite: see :mod:`interp.results`.
     """
+
+    # the clean model's ranking is read (the "top clean" column); an ablation may legitimately leave equal
+    # logits (zeroing the last residual of a model without a bias), so the ablated ones are not ranked
+    ranked = ("clean_logits",)
 
     logits: Float[Tensor, "n vocab"]
     clean_logits: Float[Tensor, "n vocab"]

@@ -50,6 +50,7 @@ from interp.data import Examples, aligned_rows
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, InterpError, NonFiniteError
 from interp.models import Model, model_name
+from interp.results import CheckedResult
 from interp.runtime import hooks as hk
 from interp.runtime.batching import StopForward, batches, check_context, show_progress
 from interp.runtime.readout import DEFAULT_MAX_LOGITS, Readout
@@ -65,7 +66,7 @@ LayerNLL = Float[Tensor, "n_layers n_examples"]
 
 
 @dataclass(frozen=True)
-class EarlyExitResult(ResultDisplay):
+class EarlyExitResult(CheckedResult, ResultDisplay):
     """Per-layer, per-example NLL of the logit-lens decoding.
 
     Attributes:
@@ -74,6 +75,8 @@ class EarlyExitResult(ResultDisplay):
         ids: the example ids of the second axis.
         at: where the residual was read (``resid_mid`` or ``resid_post``).
         settings: model name, batch size, examples' settings.
+
+    Made only finite: see :mod:`interp.results`.
     """
 
     nll: LayerNLL
@@ -88,6 +91,7 @@ class EarlyExitResult(ResultDisplay):
                               f"[{len(self.layers)}, {len(self.ids)}].")
         if self.at not in ("resid_mid", "resid_post"):
             raise InterpError(f"EarlyExitResult.at must be 'resid_mid' or 'resid_post'; got {self.at!r}.")
+        super().__post_init__()  # finite (CheckedResult), after the shapes
 
     def layer_mean(self) -> Float[Tensor, " n_layers"]:
         """Mean NLL over examples, per layer."""

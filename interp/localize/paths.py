@@ -65,6 +65,7 @@ from interp.errors import ComponentError, DataError, NonFiniteError
 from interp.localize.patching.engine import _check_pair, _metric_values, _takes_lengths
 from interp.localize.patching.metrics import Metric, _metric
 from interp.models import Model, model_name
+from interp.results import CheckedResult
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of
 from interp.validate import checked, checked_class
@@ -88,7 +89,7 @@ class Sender:
 
 
 @dataclass(frozen=True)
-class PathPatchResult(ResultDisplay):
+class PathPatchResult(CheckedResult, ResultDisplay):
     """Path patching values: ``values[j, n]`` is the metric with sender ``j`` patched along the path.
 
     Attributes:
@@ -100,6 +101,8 @@ class PathPatchResult(ResultDisplay):
         ids: example ids.
         metric: the metric's name.
         settings: models, batch size, examples' settings.
+
+    Made only finite: see :mod:`interp.results`.
     """
 
     values: Float[Tensor, "senders n"]

@@ -44,6 +44,7 @@ from interp.display import ResultDisplay
 from interp.errors import ComponentError, InterpError
 from interp.io import ensure_writable_dir, write_csv
 from interp.models import Model
+from interp.results import CheckedResult
 from interp.runtime import hooks as hk
 from interp.runtime import placement
 from interp.runtime.batching import batches, check_context, device_of, show_progress
@@ -165,7 +166,7 @@ def restore_layers(quantized: Any, reference: Model, layers: Sequence[int], role
 
 
 @dataclass(frozen=True)
-class RestorationResult(ResultDisplay):
+class RestorationResult(CheckedResult, ResultDisplay):
     """Perplexity on a set of examples with the top-k blocks restored, for each k.
 
     Attributes:
@@ -174,6 +175,8 @@ class RestorationResult(ResultDisplay):
         nll: ``[len(ks), N]`` mean NLL per example (``ks[i] = 0`` is the quantized model).
         reference_nll: ``[N]`` the reference model's NLL.
         ids, settings: example ids and run settings.
+
+    Made only finite: see :mod:`interp.results`.
     """
 
     ks: list[int]
@@ -187,6 +190,7 @@ class RestorationResult(ResultDisplay):
         if tuple(self.nll.shape) != (len(self.ks), len(self.ids)) or len(self.restored) != len(self.ks):
             raise InterpError(f"RestorationResult.nll has shape {tuple(self.nll.shape)}; expected "
                               f"[{len(self.ks)}, {len(self.ids)}].")
+        super().__post_init__()  # finite (CheckedResult), after the shapes
 
     def perplexity(self) -> Float[Tensor, " n_ks"]:
         return torch.exp(self.nll.double().mean(dim=1))

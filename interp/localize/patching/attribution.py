@@ -36,6 +36,7 @@ from interp.localize.patching.metrics import Metric, _metric
 from interp.localize.patching.patches import PAPER_COMPONENTS, LayerSelection, resolve_layers
 from interp.localize.patching.results import PatchResult
 from interp.models import Model
+from interp.results import CheckedResult
 from interp.runtime import hooks as hk
 from interp.runtime.batching import batches, device_of, show_progress
 from interp.runtime.capture import capture
@@ -44,13 +45,15 @@ from interp.typing import Key, Tokens
 
 
 @dataclass(frozen=True)
-class AttributionResult(ResultDisplay):
+class AttributionResult(CheckedResult, ResultDisplay):
     """First-order estimates of each (component, layer) patch's effect on the metric.
 
     Attributes:
         estimates: ``[n_points, N]`` estimated ``metric(patched) - metric(target)`` per example.
         points: ``(component, layer)`` of each row.
         ids, metric, settings: as in :class:`~interp.localize.patching.results.PatchResult`.
+
+    Made only finite: see :mod:`interp.results`.
     """
 
     estimates: Float[Tensor, "n_points n_examples"]

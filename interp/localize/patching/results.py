@@ -29,13 +29,14 @@ from interp.display import ResultDisplay
 from interp.errors import InterpError
 from interp.io import ensure_writable_dir, write_csv, write_json
 from interp.localize.patching.patches import PAPER_NAMES, Patch, span
+from interp.results import CheckedResult
 from interp.typing import PerExample
 
 PatchValues = Float[Tensor, "n_patches n_examples"]
 
 
 @dataclass(frozen=True)
-class PatchResult(ResultDisplay):
+class PatchResult(CheckedResult, ResultDisplay):
     """Per-patch, per-example metric values from :func:`~interp.localize.patching.engine.patch`.
 
     Attributes:
@@ -46,6 +47,8 @@ class PatchResult(ResultDisplay):
         ids: example ids.
         metric: ``"nll"`` (aggregated as perplexity) or ``"logit_diff"`` (mean).
         settings: models, batch size, examples' settings.
+
+    Made only finite: see :mod:`interp.results`.
     """
 
     values: PatchValues
@@ -61,6 +64,7 @@ class PatchResult(ResultDisplay):
         if tuple(self.values.shape) != (len(self.patches), n) or self.target.shape != (n,) or self.source.shape != (n,):
             raise InterpError(f"PatchResult shapes do not match: values {tuple(self.values.shape)}, "
                               f"{len(self.patches)} patches, {n} examples.")
+        super().__post_init__()  # finite (CheckedResult), after the shapes
 
     def _aggregate(self, values: Tensor) -> Tensor:
         if self.metric == "nll":

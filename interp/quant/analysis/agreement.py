@@ -17,11 +17,12 @@ from interp import stats
 from interp.display import ResultDisplay
 from interp.errors import InterpError
 from interp.io import sanitize
+from interp.results import CheckedResult
 from interp.validate import checked
 
 
 @dataclass(frozen=True)
-class AgreementResult(ResultDisplay):
+class AgreementResult(CheckedResult, ResultDisplay):
     """Agreement of per-example errors across quantized versions of one model.
 
     Attributes:
@@ -31,7 +32,12 @@ class AgreementResult(ResultDisplay):
         chance_method: how ``chance_jaccard`` was computed.
         n: examples used (those with every spec scored).
         settings: top fraction, bootstrap settings.
+
+    Made only finite: see :mod:`interp.results`.
     """
+
+    # a correlation is NaN where it is undefined (a constant column, no bootstrap): interp.stats' convention
+    allow_nan = ("pearson", "spearman")
 
     pearson: stats.CorrelationMatrix
     spearman: stats.CorrelationMatrix

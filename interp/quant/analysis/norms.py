@@ -17,17 +17,23 @@ from interp.io import sanitize
 from interp.models import Model
 from interp.probes import probe
 from interp.quant.analysis.common import ErrorsLike, error_series
+from interp.results import CheckedResult
 from interp.validate import checked
 
 
 @dataclass(frozen=True)
-class NormCorrelationResult(ResultDisplay):
+class NormCorrelationResult(CheckedResult, ResultDisplay):
     """Per-layer Pearson correlation between the reference's residual norm and the error.
 
     Attributes:
         table: columns component, layer, r, low, high, p, n, mean_norm.
         settings: components, bootstrap settings, examples' settings.
+
+    Made only finite: see :mod:`interp.results`.
     """
+
+    # a correlation, its interval and p are NaN where undefined (a constant vector, no bootstrap): interp.stats'
+    allow_nan = ("table[r]", "table[low]", "table[high]", "table[p]")
 
     table: pd.DataFrame
     settings: dict[str, Any] = field(default_factory=dict)

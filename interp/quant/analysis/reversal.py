@@ -27,6 +27,7 @@ from interp.display import ResultDisplay
 from interp.io import sanitize
 from interp.models import Model
 from interp.probes import REDUCERS
+from interp.results import CheckedResult
 from interp.runtime import hooks as hk
 from interp.runtime import placement
 from interp.runtime.batching import batches, show_progress
@@ -39,7 +40,7 @@ class _Stop(Exception):
 
 
 @dataclass(frozen=True)
-class ReversalResult(ResultDisplay):
+class ReversalResult(CheckedResult, ResultDisplay):
     """Residual and MLP-input norms, MLP output error and outlier dimensions, per layer.
 
     Attributes:
@@ -54,7 +55,12 @@ class ReversalResult(ResultDisplay):
         per_example: long table (set, example, layer, r_norm, h_norm, kurtosis, and
             ``mse[spec]`` columns) for further analysis.
         settings: layers, specs, counts.
+
+    Made only finite: see :mod:`interp.results`.
     """
+
+    # corr(||h||, MSE) is NaN where it is undefined (an MSE of 0 at every example: a layer a spec leaves alone)
+    allow_nan = ("mse[corr_*]",)
 
     by_layer: pd.DataFrame
     mse: pd.DataFrame

@@ -14,11 +14,12 @@ from interp.display import ResultDisplay
 from interp.errors import InterpError
 from interp.io import sanitize
 from interp.quant.analysis.common import ErrorsLike, error_series
+from interp.results import CheckedResult
 from interp.validate import checked
 
 
 @dataclass(frozen=True)
-class SplitResult(ResultDisplay):
+class SplitResult(CheckedResult, ResultDisplay):
     """D_large (highest-error examples, deduplicated) and D_ctrl (low-error controls).
 
     Attributes:
@@ -26,6 +27,8 @@ class SplitResult(ResultDisplay):
         errors: the error used to rank, for every example considered.
         dropped_ids: top examples removed as near-duplicates of a kept one.
         settings: top, dedup threshold, n-gram size, control pool, seed, counts.
+
+    Made only finite: see :mod:`interp.results`.
     """
 
     large: Examples
