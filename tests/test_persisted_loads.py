@@ -47,6 +47,12 @@ def _sensitivity(folder: Path) -> Path:
     return scores.save(folder / "s")
 
 
+def _quantized(folder: Path) -> Path:
+    from interp.quant import quantize, save_quantized
+
+    return save_quantized(quantize(interp.tiny_model("llama"), "rtn:bits=4,group=32", progress=False), folder / "q")
+
+
 def _preregistration(folder: Path) -> Path:
     target = folder / "plan.json"
     shutil.copyfile(ROOT / "docs" / "preregistration" / "smollm2-confirmatory-1.json", target)
@@ -59,6 +65,10 @@ def _load(kind: str, path: Path) -> Any:
     from interp.quant import Sensitivity
     from interp.report.confirm import Preregistration
 
+    if kind == "quantized":
+        from interp.quant import load_quantized
+
+        return load_quantized(interp.tiny_model("llama"), path)
     return {"lens": TunedLens.load, "probe": ProbeResult.load, "sensitivity": Sensitivity.load,
             "preregistration": Preregistration.load}[kind](path)
 
@@ -68,6 +78,8 @@ KINDS = {
     "lens": (_lens, None, ("layers", "settings")),
     "probe": (_probe, "probe.json", ("layers", "ids", "settings")),
     "sensitivity": (_sensitivity, "sensitivity.json", ("spec", "settings")),
+    "quantized": (_quantized, "quant.json", ("format", "weights_bytes", "weights_sha256", "spec", "reference_hash",
+                                             "reference_name", "calibration")),  # the keys without a default
     "preregistration": (_preregistration, "", ("name", "model", "n", "seed", "calibration_seeds", "top",
                                                 "split_fractions", "free_specs", "criteria", "batch_size")),
 }
@@ -136,10 +148,11 @@ def test_property_a_missing_or_mistyped_key_is_refused_naming_it(kind, saved, tm
         path = _copy(saved[kind], tmp_path_factory.mktemp(f"{kind}-{next(counter)}") / saved[kind].name)
         record = _record(kind, path)
         kinds = {"layers": "list[int]", "ids": "list[str]", "settings": "dict", "spec": "str"}
+        from interp.quant.saving import RECORD_SCHEMA
         from interp.report.confirm import Preregistration
         from interp.schema import schema_of
 
-        expected = {**kinds, **schema_of(Preregistration)}[key]
+        expected = {**kinds, **schema_of(Preregistration), **RECORD_SCHEMA}[key]
         if drop:
             del record[key]
         elif fits(value, expected):
@@ -190,3 +203,79 @@ def test_with_the_schema_switched_off_the_property_check_fails(saved, tmp_path, 
     _rewrite("preregistration", path, record)
     with pytest.raises(pytest.fail.Exception):
         assert_load_refused("preregistration", path, "seed")
+
+
+# ---------------------------------------------------------------------------------------
+# quant.json: load_quantized's record (issue 45)
+
+
+def _corrupt_quant_json(saved: dict[str, Path], tmp_path: Path, text: str) -> Path:
+    path = _copy(saved["quantized"], tmp_path / "q")
+    (path / "quant.json").write_text(text)
+    return path
+
+
+def _quant_json(saved: dict[str, Path]) -> dict[str, Any]:
+    return json.loads((saved["quantized"] / "quant.json").read_text())
+
+
+@pytest.mark.parametrize("case", ["missing key", "wrong type", "not finite", "optional key mistyped",
+                                  "trailing garbage", "not an object", "truncated", "another format"])
+def test_a_corrupted_quant_json_is_a_clear_error_naming_the_file_and_the_key(saved, tmp_path, case):
+    """load_quantized on a folder whose quant.json was edited, truncated or padded with garbage: one DataError that
+    names quant.json (and the key when one is wrong), never a KeyError, a TypeError or a model."""
+    from interp.errors import DataError
+
+    record = _quant_json(saved)
+    text = json.dumps(record)
+    corrupt, fragment = {
+        "missing key": (json.dumps({k: v for k, v in record.items() if k != "reference_hash"}),
+                        '"reference_hash" is missing'),
+        "wrong type": (json.dumps({**record, "spec": ["rtn"]}), '"spec" must be a string'),
+        "not finite": (json.dumps({**record, "calibration_seconds": float("inf")}), '"calibration_seconds" must be'),
+        "optional key mistyped": (json.dumps({**record, "layer_seconds": "fast"}), '"layer_seconds" must be a list'),
+        "trailing garbage": (text + "\x00garbage{", "not valid JSON"),
+        "not an object": (json.dumps([record]), "must hold a JSON object"),
+        "truncated": (text[: len(text) // 2], "not valid JSON"),
+        "another format": (json.dumps({**record, "format": 1}), '"format" is 1, not 2'),
+    }[case]
+    path = _corrupt_quant_json(saved, tmp_path, corrupt)
+    with pytest.raises(DataError, match=fragment) as caught:
+        _load("quantized", path)
+    assert "quant.json" in str(caught.value) and "\n" not in str(caught.value)
+    from interp.quant.saving import read_quant_info
+
+    assert read_quant_info(path) is None  # the caches treat it as absent and quantize again
+
+
+def test_extra_keys_in_quant_json_are_ignored_and_a_missing_default_reads_as_the_default(saved, tmp_path):
+    """A key interp does not know is left alone (as in every record interp reads), and a QuantInfo field with a
+    default that an older record lacks reads as that default."""
+    record = {k: v for k, v in _quant_json(saved).items() if k != "algorithm"}
+    path = _corrupt_quant_json(saved, tmp_path, json.dumps({**record, "written_by": "a later interp"}))
+    assert _load("quantized", path).quant_info.algorithm == ""
+
+
+def test_a_damaged_quant_json_in_the_cache_is_quantized_again(saved, tmp_path):
+    """The quantized cache reads the same record: a damaged one is not an error there but an entry to make again."""
+    from interp.quant import quantize_cached
+    from interp.quant.apply import _cache_key
+    from interp.quant.spec import parse_spec
+
+    model = interp.tiny_model("llama")
+    first = quantize_cached(model, "rtn:bits=4,group=32", cache_dir=tmp_path, progress=False)
+    folder = tmp_path / _cache_key(model, parse_spec("rtn:bits=4,group=32"), None)
+    (folder / "quant.json").write_text('{"format": 2, "spec": 4')
+    again = quantize_cached(model, "rtn:bits=4,group=32", cache_dir=tmp_path, progress=False)
+    assert again.quant_info.spec == first.quant_info.spec
+    assert json.loads((folder / "quant.json").read_text())["spec"] == first.quant_info.spec  # written whole again
+
+
+def test_with_the_schema_switched_off_a_corrupted_quant_json_is_a_raw_error(saved, tmp_path, monkeypatch):
+    """The mutation check: with interp.schema.conform passing any record, a quant.json without its reference hash
+    fails deep inside load_quantized with a KeyError."""
+    monkeypatch.setattr("interp.schema.conform", lambda record, *args, **kwargs: dict(record))
+    record = {k: v for k, v in _quant_json(saved).items() if k != "reference_hash"}
+    path = _corrupt_quant_json(saved, tmp_path, json.dumps(record))
+    with pytest.raises(KeyError, match="reference_hash"):
+        _load("quantized", path)

@@ -55,6 +55,7 @@ from interp.quant.apply import (
     read_quant_info,
     save_quantized,
 )
+from interp.quant.saving import quant_record
 from interp.quant.spec import MethodSpec, parse_spec
 from interp.runtime import hooks
 from interp.runtime.swap import WeightStash, swapped
@@ -93,9 +94,7 @@ def quantized_in_place(model: Model, spec: str | MethodSpec, calibration: Exampl
 
 
 def _checked_record(reference: Model, folder: Path, reference_hash: str) -> dict[str, Any]:
-    record = read_quant_info(folder)
-    if record is None:
-        raise InterpError(f"{folder} holds no complete quantized model (expected quant.json and {WEIGHTS_FILE}).")
+    record = quant_record(folder)  # a missing, incomplete or damaged record: a DataError naming the key
     if record["reference_hash"] != reference_hash:
         raise InterpError(f"The quantized weights in {folder} were made from model {record['reference_hash']}, "
                           f"not from this reference ({reference_hash}). Quantize this model again.")

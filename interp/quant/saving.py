@@ -22,9 +22,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from interp.errors import InterpError
-from interp.io import is_complete, staged_folder, write_file, write_json
+from interp import schema
+from interp.errors import DataError, InterpError
+from interp.io import INCOMPLETE, is_complete, staged_folder, write_file, write_json
 from interp.models import Model, model_hash
+from interp.reading import read_json
 from interp.runtime import hooks, placement
 from interp.validate import checked, checked_class
 
@@ -77,6 +79,14 @@ class QuantInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+RECORD_SCHEMA = {"format": "int", "weights_bytes": "int", "weights_sha256": "str", **schema.schema_of(QuantInfo)}
+"""What ``quant.json`` holds (:func:`interp.schema.conform`'s kinds): the file's own keys and every QuantInfo field.
+A field with a default may be absent (a record written before it existed) and reads as the default."""
+_DEFAULTED = {f.name: f.default_factory if f.default_factory is not dataclasses.MISSING else (lambda v=f.default: v)
+              for f in dataclasses.fields(QuantInfo)
+              if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
 
 
 def quantized_model_info(reference: Model, info: QuantInfo) -> Any:
@@ -159,16 +169,47 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_quant_info(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The JSON record of a saved quantized model, or ``None`` if the folder is absent or incomplete."""
+def quant_record(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The record of the quantized model saved in the folder ``path``: its ``quant.json``, read bounded (a pipe or
+    a device is refused) and checked against :data:`RECORD_SCHEMA`, for a complete folder whose weights file has
+    the size the record gives.
+
+    Raises:
+        DataError: naming the folder or ``quant.json`` and what is wrong: no record, a save killed part-way
+            (``INCOMPLETE``), a file that is not JSON, a missing key or a value of the wrong kind (named), another
+            format, a weights file of another size.
+    """
     folder = Path(path)
+    info = folder / INFO_FILE
+    if not os.path.lexists(info):
+        raise DataError(f"{folder} holds no complete quantized model (expected {INFO_FILE} and {WEIGHTS_FILE}).")
+    if not is_complete(folder):
+        raise DataError(f"{folder} holds no complete quantized model: a save was killed or failed while writing it "
+                        f"({INCOMPLETE} is there). Save or quantize it again.")
+    # looked up on use: interp.schema.conform is the one place every persisted record is checked
+    record = schema.conform(read_json(info, "a saved quantized model's record"), RECORD_SCHEMA, str(info),
+                            optional=tuple(_DEFAULTED))
+    if record["format"] != FORMAT_VERSION:
+        raise DataError(f'{info}: "format" is {record["format"]}, not {FORMAT_VERSION}: it was written by another '
+                        "version of interp. Quantize and save the model again.")
     try:
-        record = json.loads((folder / INFO_FILE).read_text())
-        complete = (folder / WEIGHTS_FILE).stat().st_size == record.get("weights_bytes") and is_complete(folder)
-    except (OSError, json.JSONDecodeError):
+        size: int | None = (folder / WEIGHTS_FILE).stat().st_size
+    except OSError:
+        size = None
+    if size != record["weights_bytes"]:
+        held = f"{WEIGHTS_FILE} is missing" if size is None else f"{WEIGHTS_FILE} holds {size} bytes"
+        raise DataError(f'{folder} holds no complete quantized model: {held}, not the {record["weights_bytes"]} '
+                        f'its {INFO_FILE} records ("weights_bytes"). Save or quantize it again.')
+    return {**{name: default() for name, default in _DEFAULTED.items()}, **record}
+
+
+def read_quant_info(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The checked record of a saved quantized model (:func:`quant_record`), or ``None`` when there is none to
+    use: the folder is absent or incomplete, or its record is damaged (the caches then quantize it again)."""
+    try:
+        return quant_record(path)
+    except DataError:
         return None
-    has_hash = isinstance(record.get("weights_sha256"), str)
-    return record if complete and has_hash and record.get("format") == FORMAT_VERSION else None
 
 
 def _info_from_record(record: dict[str, Any]) -> QuantInfo:
@@ -182,7 +223,9 @@ def load_quantized(reference: Model, path: str | os.PathLike[str]) -> Any:
     """A copy of ``reference`` carrying the quantized weights saved in ``path``.
 
     Raises:
-        InterpError: the folder is missing or incomplete, or it was made from another model.
+        DataError: the folder is missing or incomplete, or its ``quant.json`` is damaged (:func:`quant_record`
+            names the key).
+        InterpError: it was made from another model, or its weights are not the ones its record describes.
 
     Example:
         >>> import pathlib, tempfile, torch
@@ -195,9 +238,7 @@ def load_quantized(reference: Model, path: str | os.PathLike[str]) -> Any:
         >>> bool(torch.equal(back(tokens), qmodel(tokens)))
         True
     """
-    record = read_quant_info(path)
-    if record is None:
-        raise InterpError(f"{path} holds no complete quantized model (expected {INFO_FILE} and {WEIGHTS_FILE}).")
+    record = quant_record(path)
     expected = model_hash(reference)
     if record["reference_hash"] != expected:
         raise InterpError(
