@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from interp import __version__
-from interp.cli import attention, circuit, lens, prescribe, probe, quant, report
+from interp.cli import attention, circuit, lens, prescribe, probe, quant, report, survive
 from interp.cli.common import COMMANDS, HelpFormatter, refuse_unsharded, unknown_name, writing_out
 from interp.errors import InterpError
 
@@ -52,7 +52,7 @@ DESCRIPTION = (
 # interp probe
 
 # The command groups, in the order ``interp --help`` lists them; importing each registers its commands.
-GROUPS = (probe, attention, quant, lens, circuit, prescribe, report)
+GROUPS = (probe, attention, quant, lens, circuit, prescribe, report, survive)
 
 
 def _ordered() -> list[str]:

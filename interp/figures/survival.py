@@ -1,0 +1,43 @@
+"""Figures of the survival study (issue 48): what each quantized model keeps of the reference's units.
+
+Each heatmap has one row per quantized model and one column per unit (an induction head ``layer.head``, or a
+judged circuit edge ``sender -> receiver``); the colour is the ratio quantized / reference (1: kept as it was,
+0: gone), the cell's text the registered verdict.
+
+Example:
+    >>> import pandas as pd
+    >>> frame = pd.DataFrame({"method": ["rtn", "rtn"], "head": ["17.3", "18.6"], "r_pm": [0.3, 0.9],
+    ...                       "verdict": ["loses its role", "keeps its role"]})
+    >>> unit_heatmap(frame, "head", "r_pm", "Induction heads").data[0].x
+    ('head 17.3', 'head 18.6')
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from interp.figures.style import styled
+
+SHORT = {"keeps its role": "keeps", "loses its role": "loses", "not resolved": "?", "kept": "kept",
+         "weakened": "weak", "broken": "broken", "kept or weakened": "kept/weak", "weakened or broken": "weak/broken"}
+
+
+def unit_heatmap(frame: pd.DataFrame, unit: str, value: str, title: str) -> go.Figure:
+    """Methods (rows, in the frame's order) by units (columns), coloured by ``value``, labelled by verdict."""
+    methods = list(dict.fromkeys(frame["method"]))
+    units = list(dict.fromkeys(frame[unit]))
+    z = np.full((len(methods), len(units)), np.nan)
+    text = np.full(z.shape, "", dtype=object)
+    for _, row in frame.iterrows():
+        i, j = methods.index(row["method"]), units.index(row[unit])
+        z[i, j] = row[value]
+        verdict = str(row.get("verdict", ""))
+        text[i, j] = "~" + SHORT.get(verdict.split(": ")[-1].split(" /")[0], verdict) \
+            if verdict.startswith("on the boundary") else SHORT.get(verdict, verdict)
+    labels = [f"head {u}" if unit == "head" else str(u) for u in units]
+    fig = go.Figure(go.Heatmap(z=z, x=labels, y=methods, text=text, texttemplate="%{text}", zmin=0, zmax=1.2,
+                               colorscale="RdYlGn", colorbar={"title": "quantized / reference"}))
+    fig.update_yaxes(autorange="reversed")
+    return styled(fig, title, x=unit, y="quantized model")

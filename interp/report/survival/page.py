@@ -1,0 +1,173 @@
+"""The survival study's page: every table and verdict recomputed from the committed raw data by one command.
+
+    python -m interp.report.survival.page                 # docs/data/survival/survival-1 -> docs/survival.md
+    python -m interp.report.survival.page --check         # recompute and compare with the page (the test does this)
+
+The generated part of ``docs/survival.md`` sits between ``<!-- survival:begin -->`` and ``<!-- survival:end -->``;
+beside it, per model, ``tables/*.csv`` and ``figures/*.png`` (PNG when a Chromium is found, as every figure of
+interp's reports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from interp.errors import DataError, InterpError
+from interp.report.survival.analyse import circuit_analysis, induction_analysis
+from interp.report.survival.registration import MODELS, REPO, registration, sha256
+from interp.report.survival.roster import roster
+
+RAW = REPO / "docs" / "data" / "survival" / "survival-1"
+PAGE = REPO / "docs" / "survival.md"
+BEGIN, END = "<!-- survival:begin -->", "<!-- survival:end -->"
+TASKS = ("ioi", "capitals")
+
+
+def _num(v: Any, digits: int = 2) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}f}"
+
+
+def _iv(row: Any, key: str, digits: int = 2) -> str:
+    return f"{_num(row[key], digits)} [{_num(row[f'{key}_low'], digits)}, {_num(row[f'{key}_high'], digits)}]"
+
+
+def _table(frame: pd.DataFrame) -> str:
+    if frame.empty:
+        return "_(none)_\n"
+    head = "| " + " | ".join(map(str, frame.columns)) + " |\n|" + "---|" * len(frame.columns) + "\n"
+    return head + "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in frame.itertuples(index=False))
+
+
+def analyse_model(folder: Path, model: str, seeds: Any = None) -> dict[str, Any]:
+    reg = registration()
+    out: dict[str, Any] = {}
+    if (folder / "induction" / "reference.safetensors").is_file():
+        out["induction"] = induction_analysis(folder, model, reg, seeds)
+    for task in TASKS:
+        found = circuit_analysis(folder, model, task, reg, seeds)
+        if found is not None:
+            out[task] = found
+    return out
+
+
+def _coverage(folder: Path, model: str, family: str) -> str:
+    from interp.report.survival.run import file_name
+
+    rows = []
+    for e in roster(model):
+        done = sum((folder / family / f"{file_name(u)}.safetensors").is_file() for u in e.ids())
+        rows.append(f"{e.label} {done}/{len(e.instances)}")
+    return "; ".join(rows)
+
+
+def model_section(folder: Path, model: str, results: dict[str, Any]) -> str:
+    lines = [f"### {model}\n"]
+    reference = registration()["models"][model]["reference"].split(":")[0]
+    lines.append(f"Reference: {reference}. Raw data: `{folder.relative_to(REPO)}`.\n")
+    ind = results.get("induction")
+    if ind is None:
+        lines.append("Induction heads: not measured yet.\n")
+    else:
+        lines.append(f"**Induction heads** (quantized models measured, instances done/registered: "
+                     f"{_coverage(folder, model, 'induction')}).\n")
+        heads = ind["reference_heads"]
+        if not heads.empty:
+            shown = heads.assign(pm=heads["pm"].map(_num), cp=[f"{_num(r.cp, 3)} [{_num(r.cp_low, 3)}, "
+                                                                f"{_num(r.cp_high, 3)}]" for r in heads.itertuples()])
+            lines.append("Heads with prefix matching >= 0.40 on the 128 selection sequences (copying in logits, "
+                         "95% interval):\n\n" + _table(shown[["head", "pm", "cp", "induction head"]]))
+        if not ind["bar_met"]:
+            lines.append("Fewer than 2 heads meet the registered rule: the 4 heads with the largest PM are shown "
+                         "'below the registered bar', without verdicts.\n")
+        summary = ind["summary"]
+        if not summary.empty:
+            frame = pd.DataFrame({"quantized model": summary["method"], "instances": summary["instances"],
+                                  "heads kept (share, 95% CI)": [_iv(r, "share") .replace("share", "")
+                                                                 for _, r in summary.rename(
+                                                                     columns={"share_kept": "share"}).iterrows()],
+                                  "keeps": summary["keeps its role"], "loses": summary["loses its role"],
+                                  "not resolved": summary["not resolved"]})
+            lines.append("\nPer quantized model (verdicts from the crossed intervals of r_PM and r_CP; counts include "
+                         "'on the boundary' readings under their computed verdict):\n\n" + _table(frame))
+        surv = ind["survival"]
+        if not surv.empty:
+            grid = surv.pivot(index="method", columns="head", values="verdict").reindex(
+                list(dict.fromkeys(surv["method"])))
+            lines.append("\nPer head (r_PM, r_CP intervals in the CSV beside the raw data):\n\n"
+                         + _table(grid.reset_index().rename(columns={"method": "quantized model"})))
+        contrast = ind["rtn_vs_gptq"]
+        if not contrast.empty:
+            frame = pd.DataFrame({"bits": contrast["bits"], "GPTQ instances": contrast["gptq_instances"],
+                                  "D = mean r_PM(GPTQ) - r_PM(RTN)": [_iv(r, "D") for _, r in contrast.iterrows()],
+                                  "verdict": contrast["verdict"]})
+            lines.append("\nRTN against GPTQ (the GPT-2 replication's claim; 3 bits is the headline):\n\n"
+                         + _table(frame))
+    for task in TASKS:
+        res = results.get(task)
+        if res is None:
+            lines.append(f"\n**Circuit, {task}**: not measured yet.\n")
+            continue
+        edges = res["edges"]
+        lines.append(f"\n**Circuit, {task}** ({res['pairs']} measurement pairs, sets {res['sets_reading']}; "
+                     f"{int(edges['judged'].sum())} of {len(edges)} edges judged):\n")
+        per = res["per_method"]
+        if not per.empty:
+            frame = pd.DataFrame({"quantized model": per["method"], "instances": per["instances"],
+                                  "kept": [_iv(r, "share_kept") for _, r in per.iterrows()],
+                                  "weakened": [_iv(r, "share_weakened") for _, r in per.iterrows()],
+                                  "broken": [_iv(r, "share_broken") for _, r in per.iterrows()],
+                                  "reading": per["reading"],
+                                  "logit difference lost": [_iv(r, "ld_lost") for _, r in per.iterrows()]})
+            lines.append("\n" + _table(frame))
+    return "\n".join(lines) + "\n"
+
+
+def write(root: Path = RAW, page: Path = PAGE, seeds: Any = None) -> str:
+    """Recompute every table from ``root`` and put the generated section into ``page``; returns the section."""
+    from interp.io import write_csv, write_text
+
+    sections = [f"Registration `survival-1.json`, SHA-256 `{sha256()[:16]}...`. Generated by "
+                "`python -m interp.report.survival.page` from the raw data below; `tests/test_survival_page.py` "
+                "recomputes it.\n"]
+    for model in MODELS:
+        folder = root / model
+        if not folder.is_dir():
+            sections.append(f"### {model}\n\nNot run yet.\n")
+            continue
+        results = analyse_model(folder, model, seeds)
+        for family, res in results.items():
+            for name, frame in res.items():
+                if isinstance(frame, pd.DataFrame) and not frame.empty:
+                    (folder / "tables").mkdir(exist_ok=True)
+                    write_csv(folder / "tables" / f"{family}-{name}.csv", frame.round(6), index=False)
+        sections.append(model_section(folder, model, results))
+    body = "\n".join(sections)
+    text = page.read_text() if page.is_file() else f"# Survival\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text or END not in text:
+        raise DataError(f"{page} has no {BEGIN} ... {END} markers for the generated section")
+    new = text[:text.index(BEGIN) + len(BEGIN)] + "\n" + body + text[text.index(END):]
+    write_text(page, new)
+    return body
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m interp.report.survival.page", description=__doc__.split("\n")[0])
+    parser.add_argument("--raw", default=str(RAW))
+    parser.add_argument("--page", default=str(PAGE))
+    args = parser.parse_args(argv)
+    try:
+        write(Path(args.raw), Path(args.page))
+    except InterpError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
