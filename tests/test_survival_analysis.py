@@ -121,3 +121,26 @@ def test_circuit_analysis_judges_edges_bands_and_the_lost_logit_difference(circu
     assert (method["kept"], method["broken"]) == (1, 1)
     assert method["ld_lost"] == pytest.approx(1.0, rel=1e-9)
     assert circuit_analysis(circuit_raw, MODEL, "capitals", registration()) is None
+
+
+def test_tie_reads_which_restoration_repairs_the_broken_edges(tmp_path):
+    from interp.report.survival.tie import tie_analysis
+
+    rng = np.random.default_rng(3)
+    folder = tmp_path / "circuits" / "ioi"
+    ref = -1 + 0.1 * rng.standard_normal((4, 128))
+    _save(folder / "reference.safetensors", effects=ref, clean=np.full(128, 3.0))
+    broken = ref.copy()
+    broken[:3] *= 0.1  # three of four edges broken under RTN
+    rtn = "rtn:bits=3,group=64"
+    _save(folder / f"{file_name(rtn)}.safetensors", effects=broken, clean=np.full(128, 2.0))
+    _save(folder / f"{file_name(rtn + '#named')}.safetensors", effects=ref * 0.95, clean=np.full(128, 3.0))
+    _save(folder / f"{file_name(rtn + '#control')}.safetensors", effects=broken, clean=np.full(128, 2.0))
+    rows = tie_analysis(tmp_path, MODEL, "circuits/ioi", np.ones(4, dtype=bool), registration(), seeds=SEEDS)
+    (row,) = rows
+    assert (row["broken_units"], row["T"], row["verdict"]) == (3, 1.0, "gate and down carry it")
+    # the same data with the variants swapped reads the other way
+    _save(folder / f"{file_name(rtn + '#named')}.safetensors", effects=broken, clean=np.full(128, 2.0))
+    _save(folder / f"{file_name(rtn + '#control')}.safetensors", effects=ref, clean=np.full(128, 3.0))
+    (row,) = tie_analysis(tmp_path, MODEL, "circuits/ioi", np.ones(4, dtype=bool), registration(), seeds=SEEDS)
+    assert (row["T"], row["verdict"]) == (-1.0, "the other weights carry more")

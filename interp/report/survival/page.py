@@ -53,7 +53,32 @@ def analyse_model(folder: Path, model: str, seeds: Any = None) -> dict[str, Any]
         found = circuit_analysis(folder, model, task, reg, seeds)
         if found is not None:
             out[task] = found
+    out["tie"] = {"tie": _tie(folder, model, out, reg, seeds)}
     return out
+
+
+def _tie(folder: Path, model: str, results: dict[str, Any], reg: dict[str, Any], seeds: Any) -> pd.DataFrame:
+    """The localization tie per registered method and family (induction heads; each task's judged edges)."""
+    import numpy as np
+
+    from interp.report.survival.tie import tie_analysis
+
+    rows = []
+    ind = results.get("induction")
+    if ind is not None and ind["bar_met"]:
+        from interp.report.survival.analyse import _load
+
+        shape = _load(folder / "induction" / "reference.safetensors")["pm"].shape[1:]
+        mask = np.zeros(shape, dtype=bool)
+        for unit in ind["judged_heads"]:
+            layer, head = map(int, unit.split("."))
+            mask[layer, head] = True
+        rows += tie_analysis(folder, model, "induction", mask.reshape(-1), reg, seeds)
+    for task in TASKS:
+        if task in results:
+            rows += tie_analysis(folder, model, f"circuits/{task}", results[task]["edges"]["judged"].to_numpy(), reg,
+                                 seeds)
+    return pd.DataFrame(rows)
 
 
 def _coverage(folder: Path, model: str, family: str) -> str:
@@ -125,6 +150,15 @@ def model_section(folder: Path, model: str, results: dict[str, Any]) -> str:
                                   "reading": per["reading"],
                                   "logit difference lost": [_iv(r, "ld_lost") for _, r in per.iterrows()]})
             lines.append("\n" + _table(frame))
+    tie = results.get("tie", {}).get("tie")
+    if tie is not None and not tie.empty:
+        frame = pd.DataFrame({"method": tie["method"], "units": tie["family"], "instances": tie["instances_used"],
+                              "broken units": tie["broken_units"], "T (named - control)": [
+                                  _iv(r, "T") for _, r in tie.iterrows()], "verdict": tie["verdict"]})
+        lines.append("\n**Localization tie** (share of broken units repaired by restoring gate and down, minus by "
+                     "restoring up, q, k, v, o):\n\n" + _table(frame))
+    else:
+        lines.append("\n**Localization tie**: no restored variants measured yet.\n")
     return "\n".join(lines) + "\n"
 
 

@@ -45,11 +45,17 @@ from interp.report.survival.roster import Entry, make, roster
 
 STAGES = ("induction", "circuits")
 TASKS = ("ioi", "capitals")
+VARIANTS = {"named": ("gate", "down"), "control": ("up", "q", "k", "v", "o")}  # the registration's two variants
+
+
+def tie_labels() -> list[str]:
+    """The roster labels whose instances the localization tie restores (``"gptq:... (all 5 instances)"`` -> label)."""
+    return [m.split(" (")[0] for m in registration()["localization_tie"]["methods"]]
 
 
 def file_name(unit_id: str) -> str:
     """A file-safe name for a raw-data id (``gptq:bits=3,group=64@seed61`` -> ``gptq-bits-3-group-64@seed61``)."""
-    return re.sub(r"[^A-Za-z0-9.@_]+", "-", unit_id).strip("-")
+    return re.sub(r"[^A-Za-z0-9.@_#]+", "-", unit_id).strip("-")
 
 
 class Folder:
@@ -202,10 +208,29 @@ def _record(folder: Folder, unit_id: str, model: Any) -> None:
     write_json(path, record)
 
 
+def _variants(folder: Folder, reference: Any, quantized: Any, unit_id: str, stages: Sequence[str],
+              context: dict[str, Any]) -> None:
+    """The localization tie's two variants of one instance: the reference's gate and down weights restored in every
+    layer ('named'), or its up, q, k, v and o ('control'), each measured like any model (id ``unit#variant``)."""
+    from interp.localize.restoration import restore_layers
+    from interp.runtime import hooks as hk
+
+    layers = list(range(hk.n_layers(reference)))
+    for name, roles in VARIANTS.items():
+        variant_id = f"{unit_id}#{name}"
+        if _done(folder, variant_id, stages, context):
+            continue
+        restored = restore_layers(quantized, reference, layers, roles=list(roles))
+        measure(folder, restored, variant_id, stages, context)
+        del restored
+        gc.collect()
+
+
 def run(model_name: str, out: str | Path, stages: Sequence[str] = STAGES, only: Sequence[str] | None = None,
-        build: Path | None = None, progress: bool | None = None) -> Path:
+        build: Path | None = None, progress: bool | None = None, variants: bool = False) -> Path:
     """Compute (or resume) the raw data of ``stages`` for ``model_name``, reference first, then every quantized
-    instance of the registration (headline first), or only the labels in ``only``."""
+    instance of the registration (headline first), or only the labels in ``only``; with ``variants``, also the
+    localization tie's restored variants of the registered methods' instances."""
     from interp.models import cache_dir, load_model
 
     check_model(model_name)
@@ -226,14 +251,19 @@ def run(model_name: str, out: str | Path, stages: Sequence[str] = STAGES, only: 
     entries = [e for e in roster(model_name) if only is None or e.label in only]
     for entry in entries:
         for instance, unit_id in zip(entry.instances, entry.ids(), strict=True):
-            if _done(folder, unit_id, stages, context):
+            wanted = [unit_id] + ([f"{unit_id}#{v}" for v in VARIANTS] if variants and entry.label in tie_labels()
+                                  else [])
+            if all(_done(folder, w, stages, context) for w in wanted):
                 continue
             started = time.time()
             # the llama.cpp files are large and made again from the registered plans: they live in the cache
             quantized = make(reference, model_name, entry, instance, cache_dir() / "survival-gguf" / model_name, build,
                              progress=progress)
-            _record(folder, unit_id, quantized)
-            measure(folder, quantized, unit_id, stages, context)
+            if not _done(folder, unit_id, stages, context):
+                _record(folder, unit_id, quantized)
+                measure(folder, quantized, unit_id, stages, context)
+            if variants and entry.label in tie_labels():
+                _variants(folder, reference, quantized, unit_id, stages, context)
             print(f"{unit_id}: {time.time() - started:.0f} s", file=sys.stderr, flush=True)
             del quantized
             gc.collect()
@@ -247,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", default=",".join(STAGES))
     parser.add_argument("--only", default=None, help="labels of the roster, separated by ; (default: all)")
     parser.add_argument("--llama-cpp", default=None, help="llama.cpp's binaries (default $LLAMA_CPP_BIN)")
+    parser.add_argument("--variants", action="store_true", help="also the localization tie's restored variants")
     args = parser.parse_args(argv)
     from interp.quant.llama_cpp_run import find_build
 
@@ -260,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         if only and set(only) - labels:
             raise DataError(f"--only names {', '.join(sorted(set(only) - labels))}, not in the roster: "
                             f"{'; '.join(sorted(labels))}")
-        run(args.model, args.out, stages, only, find_build(args.llama_cpp, need=("llama-quantize",)))
+        run(args.model, args.out, stages, only, find_build(args.llama_cpp, need=("llama-quantize",)),
+            variants=args.variants)
     except InterpError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,0 +1,117 @@
+"""The localization tie: are the broken units repaired more by putting back gate and down than the other weights?
+
+Per instance of a registered method, its **broken units** are fixed once on all measurement rows (induction heads
+with r_PM or r_CP < 0.5; judged edges with ratio < 0.5). In the ``named`` variant (the reference's gate and down
+weights restored in every layer) and the ``control`` variant (up, q, k, v, o restored), a broken unit is
+**repaired** when its point criterion is met again. ``T`` = share repaired by ``named`` - share repaired by
+``control``, averaged over instances with at least one broken unit; its interval is crossed (rows resampled, the
+broken sets fixed). Lower end > 0: "gate and down carry it"; upper end < 0: "the other weights carry more"; fewer
+than 3 broken units in all: no verdict.
+
+Example:
+    >>> import numpy as np
+    >>> from interp.report.survival.tie import repaired_share
+    >>> ref = np.ones((10, 2)); variant = np.stack([np.array([0.9, 0.2])] * 10)
+    >>> float(repaired_share([variant], [ref], np.array([True, True]), 0.5, np.arange(10)[None])[0])
+    0.5
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from interp.report.survival.analyse import _load, band_verdict, decide
+from interp.report.survival.run import VARIANTS, file_name, tie_labels
+from interp.stats import Estimate, crossed_bootstrap
+
+__all__ = ["repaired_share", "tie_analysis"]
+
+
+def repaired_share(variants: Sequence[np.ndarray], references: Sequence[np.ndarray], broken: np.ndarray,
+                   threshold: float, rows: np.ndarray) -> np.ndarray:
+    """The share of ``broken`` units (``[units]`` bool) repaired in a variant: every criterion's ratio of means over
+    ``rows`` (``[boot, n]``), variant (``[n, units]``) against reference, reaches ``threshold``. Returns ``[boot]``."""
+    ok = None
+    for variant, reference in zip(variants, references, strict=True):
+        ratio = variant[rows][..., broken].mean(axis=1) / reference[rows][..., broken].mean(axis=1)
+        ok = ratio >= threshold if ok is None else ok & (ratio >= threshold)
+    assert ok is not None
+    return ok.mean(axis=-1)
+
+
+def _t_statistic(threshold: float) -> Any:
+    def statistic(data: Any, rows: np.ndarray) -> np.ndarray:
+        named, control, references, broken = data
+        return (repaired_share(named, references, broken, threshold, rows)
+                - repaired_share(control, references, broken, threshold, rows))
+    return statistic
+
+
+def _family_arrays(folder: Path, family: str, uid: str, ref: dict[str, np.ndarray]
+                   ) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """Per criterion of the family, ``(values [n, units], reference [n, units])`` of instance ``uid``, or None."""
+    path = folder / family / f"{file_name(uid)}.safetensors"
+    if not path.is_file():
+        return None
+    d = _load(path)
+    if family == "induction":
+        return [(d[k].reshape(len(d[k]), -1), ref[k].reshape(len(ref[k]), -1)) for k in ("pm", "cp")]
+    return [(d["effects"].T, ref["effects"].T)]
+
+
+def tie_analysis(folder: Any, model: str, family: str, units: np.ndarray, reg: dict[str, Any],
+                 seeds: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """``T`` per registered method for one family of units (``family`` "induction" with ``units`` a flat mask over
+    layer x head, or "circuits/<task>" with a mask over the reference's edges)."""
+    from interp.report.survival.analyse import method_instances
+
+    folder = Path(folder)
+    iv, rules = reg["intervals"], reg["localization_tie"]
+    n_boot, seed = int(iv["n_boot"]), int(iv["seed"])
+    mc = list(seeds if seeds is not None else iv["boundary"]["mc_seeds"])
+    threshold = 0.5  # the registered point criteria: r_PM, r_CP and edge ratio >= 0.5
+    ref = _load(folder / family / "reference.safetensors")
+    out = []
+    for label, files in method_instances(folder, family, model).items():
+        if label not in tie_labels():
+            continue
+        per_instance, broken_total, used = [], 0, 0
+        for uid, _ in files:
+            base = _family_arrays(folder, family, uid, ref)
+            variants = {v: _family_arrays(folder, family, f"{uid}#{v}", ref) for v in VARIANTS}
+            if base is None or any(v is None for v in variants.values()):
+                continue
+            everything = np.arange(len(base[0][0]))[None]
+            broken = np.zeros(units.sum(), dtype=bool)
+            for values, reference in base:  # broken when any criterion's point ratio < threshold
+                ratio = values[everything][..., units].mean(axis=1)[0] / reference[..., units].mean(axis=0)
+                broken |= ratio < threshold
+            broken_total += int(broken.sum())
+            if not broken.any():
+                continue
+            used += 1
+            named = [v[0][:, units] for v in variants["named"]]  # type: ignore[union-attr]
+            control = [v[0][:, units] for v in variants["control"]]  # type: ignore[union-attr]
+            per_instance.append((named, control, [b[1][:, units] for b in base], broken))
+        row: dict[str, Any] = {"method": label, "family": family, "instances_used": used,
+                               "broken_units": broken_total}
+        if broken_total < 3 or not per_instance:
+            row.update({"T": np.nan, "T_low": np.nan, "T_high": np.nan, "verdict": "too few broken units"})
+            out.append(row)
+            continue
+        n = len(per_instance[0][2][0])
+
+        def est(s: int) -> dict[str, Estimate]:
+            return {"T": crossed_bootstrap(per_instance, _t_statistic(threshold), n, n_boot, s).estimate}
+        point = est(seed)
+        decision = decide(lambda e: band_verdict(e["T"], "gate and down carry it", "the other weights carry more",
+                                                 "not shown", 0.0), point, [est(s) for s in mc], {"T": (0.0,)})
+        row.update({"T": point["T"].value, "T_low": point["T"].low, "T_high": point["T"].high,
+                    "verdict": decision.reading, "deciding_bound": decision.bound})
+        out.append(row)
+    del rules
+    return out
