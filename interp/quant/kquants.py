@@ -3,7 +3,7 @@
 Written from the algorithms of llama.cpp's ``ggml/src/ggml-quants.c``: each type splits a row
 into super-blocks of 256 weights, and those into sub-blocks of 16 (Q2_K, Q3_K, Q6_K) or 32
 (Q4_K, Q5_K), each with its own scale (and min for Q2_K, Q4_K, Q5_K). A sub-block's scale comes
-from a small search (:func:`_fit_symmetric`, :func:`_fit_offset`, :func:`_fit_q3`), the
+from a small search (``_fit_symmetric``, ``_fit_offset``, ``_fit_q3``), the
 sub-blocks' scales are themselves quantized against one fp16 super-block scale (4, 6 or 8 bits),
 and every weight is rounded again with the scale that is stored.
 
@@ -13,7 +13,7 @@ squared input, ``in_sum2 / counts`` in float32) times ``sqrt(sigma² + x²)``, a
 super-block scales by a weighted search too. Both paths are here.
 
 Byte-exactness is the point, so the arithmetic is llama.cpp's: float32 throughout, every sum
-accumulated in the C code's sequential order (:func:`_seqsum`), ties broken as its loops break
+accumulated in the C code's sequential order (``_seqsum``), ties broken as its loops break
 them (the first maximum, strict comparisons), and rounding as its ``nearest_int`` (float32 add of
 1.5 * 2**23, ties to even). The work is vectorized over all (sub-)blocks of a matrix at once; the
 loops left are over the 16 or 32 weights of a sub-block and over the candidate scales.
@@ -32,6 +32,8 @@ Example:
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -63,9 +65,10 @@ def _seqsum(values: np.ndarray) -> np.ndarray:
     return np.add.accumulate(values.astype(F32, copy=False), axis=-1)[..., -1]
 
 
-def _fp16(values: np.ndarray) -> np.ndarray:
+def _fp16(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """float32 -> fp16 bits (round to nearest even, as ggml's conversion) and the float32 value stored."""
-    half = np.asarray(values, dtype=F32).astype(np.float16)
+    with np.errstate(over="ignore"):  # past fp16's range is inf, as ggml's conversion gives
+        half = np.asarray(values, dtype=F32).astype(np.float16)
     return half, half.astype(F32)
 
 
@@ -94,9 +97,9 @@ def _fit_symmetric(x: np.ndarray, nmax: int, w: np.ndarray) -> tuple[np.ndarray,
     wx = w * x
 
     def levels(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        l = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
-        lf = l.astype(F32)
-        return l, _seqsum(wx * lf), _seqsum(w * lf * lf)
+        q = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
+        lf = q.astype(F32)
+        return q, _seqsum(wx * lf), _seqsum(w * lf * lf)
 
     with np.errstate(all="ignore"):
         best_l, sumlx, suml2 = levels(-_f(nmax) / big)
@@ -105,9 +108,9 @@ def _fit_symmetric(x: np.ndarray, nmax: int, w: np.ndarray) -> tuple[np.ndarray,
         for step in range(-9, 10):
             if step == 0:
                 continue
-            l, sumlx, suml2 = levels(-(_f(nmax) + _f(0.1) * _f(step)) / big)
+            q, sumlx, suml2 = levels(-(_f(nmax) + _f(0.1) * _f(step)) / big)
             better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
-            best_l = np.where(better[:, None], l, best_l)
+            best_l = np.where(better[:, None], q, best_l)
             scale = np.where(better, sumlx / suml2, scale)
             best = np.where(better, scale * sumlx, best)
     return np.where(zero, F32(0), scale), np.where(zero[:, None], 0, best_l + nmax)
@@ -122,27 +125,27 @@ def _fit_q3(x: np.ndarray, nmax: int = 4) -> tuple[np.ndarray, np.ndarray]:
     w = x * x
     wx = w * x
     with np.errstate(all="ignore"):
-        l = np.clip(nearest_int((-_f(nmax) / big)[:, None] * x), -nmax, nmax - 1)
-        lf = l.astype(F32)
+        q = np.clip(nearest_int((-_f(nmax) / big)[:, None] * x), -nmax, nmax - 1)
+        lf = q.astype(F32)
         sumlx, suml2 = _seqsum(wx * lf), _seqsum(w * lf * lf)
         # a pass that changes nothing leaves the state as it found it, so passes after the C code's early exit
         # change nothing either: running all five on every sub-block gives its result
         for _ in range(5):
             for i in range(x.shape[1]):
-                wi, wxi, li = w[:, i], wx[:, i], l[:, i].astype(F32)
+                wi, wxi, li = w[:, i], wx[:, i], q[:, i].astype(F32)
                 slx = sumlx - wxi * li
                 sl2 = suml2 - wi * li * li
                 new = np.clip(nearest_int(x[:, i] * sl2 / slx), -nmax, nmax - 1)
                 nf = new.astype(F32)
                 slx_new = slx + wxi * nf
                 sl2_new = sl2 + wi * nf * nf
-                take = ((slx > 0) & (new != l[:, i]) & (sl2_new > 0)
+                take = ((slx > 0) & (new != q[:, i]) & (sl2_new > 0)
                         & (slx_new * slx_new * suml2 > sumlx * sumlx * sl2_new))
-                l[:, i] = np.where(take, new, l[:, i])
+                q[:, i] = np.where(take, new, q[:, i])
                 sumlx = np.where(take, slx_new, sumlx)
                 suml2 = np.where(take, sl2_new, suml2)
         scale = np.where(suml2 > 0, sumlx / suml2, F32(0))
-    return np.where(zero, F32(0), scale), np.where(zero[:, None], 0, l + nmax)
+    return np.where(zero, F32(0), scale), np.where(zero[:, None], 0, q + nmax)
 
 
 def _fit_offset(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int, use_mad: bool,
@@ -171,8 +174,8 @@ def _fit_offset(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: fl
         best = error(scale, lo, best_l.astype(F32))
         for step in range(nstep + 1):
             iscale = (_f(rmin) + _f(rdelta) * _f(step) + _f(nmax)) / (hi - lo)
-            l = np.clip(nearest_int(iscale[:, None] * (x - lo[:, None])), 0, nmax)
-            lf = l.astype(F32)
+            q = np.clip(nearest_int(iscale[:, None] * (x - lo[:, None])), 0, nmax)
+            lf = q.astype(F32)
             wl = w * lf
             sum_l, sum_l2, sum_xl = _seqsum(wl), _seqsum(wl * lf), _seqsum(wl * x)
             det = sum_w * sum_l2 - sum_l * sum_l
@@ -184,7 +187,7 @@ def _fit_offset(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: fl
             current = error(this_scale, this_min, lf)
             better = (det > 0) & (current < best) & ~flat
             best = np.where(better, current, best)
-            best_l = np.where(better[:, None], l, best_l)
+            best_l = np.where(better[:, None], q, best_l)
             scale = np.where(better, this_scale, scale)
             lo = np.where(better, this_min, lo)
     return np.where(flat, F32(0), scale), -lo, np.where(flat[:, None], 0, best_l)
@@ -209,15 +212,15 @@ def _fit_positive(x: np.ndarray, nmax: int, w: np.ndarray) -> tuple[np.ndarray, 
                 continue
             iscale_step = (_f(0.1) * _f(step) + _f(nmax)) / top
             scale_step = F32(1) / iscale_step
-            l = np.minimum(nmax, nearest_int(iscale_step[:, None] * x)).astype(F32)
-            diff = x - scale_step[:, None] * l
+            q = np.minimum(nmax, nearest_int(iscale_step[:, None] * x)).astype(F32)
+            diff = x - scale_step[:, None] * q
             mse = _seqsum(w * diff * diff)
             better = mse < best
             best = np.where(better, mse, best)
             iscale = np.where(better, iscale_step, iscale)
-        l = np.minimum(nmax, nearest_int(iscale[:, None] * x))
-        lf = l.astype(F32)
-        stored = l & 0xFF
+        q = np.minimum(nmax, nearest_int(iscale[:, None] * x))
+        lf = q.astype(F32)
+        stored = q & 0xFF
         sumlx, suml2 = _seqsum(wx * lf), _seqsum(w * lf * lf)
         for _ in range(5):  # see _fit_q3: passes past a pass without change change nothing
             for i in range(x.shape[1]):
@@ -272,11 +275,11 @@ def _unscales_k4(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def _scales_q3(l: np.ndarray) -> np.ndarray:
-    """Q3_K's 12 bytes of sixteen 6-bit scales (``l`` in 0..63): low nibbles, then 2 high bits per byte."""
-    out = np.zeros((l.shape[0], 12), dtype=np.int64)
-    out[:, 0:8] = (l[:, 0:8] & 0xF) | (l[:, 8:16] & 0xF) << 4
-    high = (l >> 4) & 3
+def _scales_q3(q: np.ndarray) -> np.ndarray:
+    """Q3_K's 12 bytes of sixteen 6-bit scales (``q`` in 0..63): low nibbles, then 2 high bits per byte."""
+    out = np.zeros((q.shape[0], 12), dtype=np.int64)
+    out[:, 0:8] = (q[:, 0:8] & 0xF) | (q[:, 8:16] & 0xF) << 4
+    high = (q >> 4) & 3
     for j in range(16):
         out[:, 8 + j % 4] |= high[:, j] << (2 * (j // 4))
     return out
@@ -354,9 +357,9 @@ def _q3_k(x: np.ndarray, qw: np.ndarray | None) -> np.ndarray:
         some = amax > 0
         with np.errstate(all="ignore"):
             iscale = F32(-32) / np.where(some, max_scale, F32(1))
-            l = nearest_int(iscale[:, None] * scales)
-        l = np.clip((l + 128 & 0xFF) - 128, -32, 31) + 32  # stored in an int8 first, as the C code does
-        packed = np.where(some[:, None], _scales_q3(l), 0)
+            q = nearest_int(iscale[:, None] * scales)
+        q = np.clip((q + 128 & 0xFF) - 128, -32, 31) + 32  # stored in an int8 first, as the C code does
+        packed = np.where(some[:, None], _scales_q3(q), 0)
         with np.errstate(all="ignore"):
             d, d32 = _fp16(np.where(some, F32(1) / iscale, F32(0)))
     else:
@@ -364,8 +367,8 @@ def _q3_k(x: np.ndarray, qw: np.ndarray | None) -> np.ndarray:
         weight = weight.reshape(-1, 16)
         sw = _seqsum(weight).reshape(b, 16)
         scales, levels = _fit_symmetric(xs, 4, weight)
-        d_block, l = _fit_symmetric(scales.reshape(b, 16), 32, sw)
-        packed = _scales_q3(l)
+        d_block, q = _fit_symmetric(scales.reshape(b, 16), 32, sw)
+        packed = _scales_q3(q)
         d, d32 = _fp16(d_block)
     sub_d = (d32[:, None] * _unscales_q3(packed).astype(F32)).reshape(-1)
     levels = _requantize(xs, levels, sub_d, None, -4, 3).reshape(b, QK)
@@ -488,6 +491,9 @@ def quantize_legacy(values: np.ndarray, ggml_type: str, importance: np.ndarray) 
     if key not in ("q4_0", "q4_1", "q5_0", "q5_1"):
         raise SpecError(f"{ggml_type!r} has no importance-weighted rounding here; use q4_0, q4_1, q5_0 or q5_1")
     rows, qw = _checked(values, key, importance, 32)
+    if qw is None:
+        raise SpecError(f"{key} without an importance matrix is gguf-py's reference rounding: use "
+                        "interp.quant.llama_cpp.quantize_blocks")
     return _legacy(rows, key, qw)
 
 
@@ -552,7 +558,7 @@ def dequantize(blocks: np.ndarray, ggml_type: str) -> np.ndarray:
     return gguf.quants.dequantize(data, gguf.GGMLQuantizationType[key.upper()]).astype(F32, copy=False)
 
 
-def llama_importance(matrix: object, name: str) -> np.ndarray:
+def llama_importance(matrix: Any, name: str) -> np.ndarray:
     """The per-channel importance ``llama-quantize --imatrix`` passes for tensor ``name`` of an
     :class:`~interp.quant.imatrix.ImportanceMatrix`: the float32 sums over the float32 token count
     (llama.cpp's ``load_imatrix``; a count of 0 gives ones), from the float32 values the file stores.
@@ -560,9 +566,10 @@ def llama_importance(matrix: object, name: str) -> np.ndarray:
     Raises:
         SpecError: ``name`` is not in the matrix.
     """
-    sums, counts = getattr(matrix, "sums"), getattr(matrix, "counts")
+    sums, counts = matrix.sums, matrix.counts
     if name not in sums:
-        raise SpecError(f"the importance matrix has no entry for {name} (it has {len(sums)}, e.g. {next(iter(sums), '')})")
+        raise SpecError(f"the importance matrix has no entry for {name} (it has {len(sums)} entries, e.g. "
+                        f"{next(iter(sums), '')})")
     stored = np.asarray(sums[name], dtype=F32)
     count = F32(counts[name])
     return stored / count if count > 0 else np.ones_like(stored)

@@ -46,9 +46,9 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["GGML_TYPES", "LEGACY_TYPES", "MIXES", "STORED_TYPES", "bits_per_weight", "embedding_type", "fallback",
-           "gguf_block_weights", "gguf_name", "mix_types", "quantize_blocks", "read_tensor_types", "resolve_tensor_types",
-           "stored_weight", "tensor_bytes", "tensor_type_lines", "type_for_bits", "types_average_bits", "use_more_bits",
-           "write_tensor_types"]
+           "gguf_block_weights", "gguf_name", "mix_types", "quantize_blocks", "read_tensor_types",
+           "resolve_tensor_types", "stored_weight", "tensor_bytes", "tensor_type_lines", "type_for_bits",
+           "types_average_bits", "use_more_bits", "write_tensor_types"]
 
 # type -> (weights per block, bytes per block), from the block structs of ggml-common.h
 GGML_TYPES: dict[str, tuple[int, int]] = {
