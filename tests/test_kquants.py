@@ -226,3 +226,31 @@ def test_a_576_by_1536_matrix_takes_seconds():
     for ggml_type in KTYPES:
         kquants.quantize(rows, ggml_type, importance)
     assert time.perf_counter() - start < 60  # about 2.5 s on one core here; the bound leaves room for a slow CI
+
+
+@pytest.mark.skipif(not BUILD, reason=NO_BUILD)
+def test_without_a_build_the_fisher_plan_is_the_one_scored_on_llama_cpps_own_weights(tmp_path, monkeypatch, capsys):
+    """The Fisher score on interp's rounding and on llama-quantize's ``--pure`` files sees the same stored weights,
+    so the plans (and their summed scores, to the last bit) are the same, K-quants included."""
+    import json
+
+    from tiny_gguf import write_tiny_gguf
+
+    from interp.cli.main import main
+
+    model = write_tiny_gguf(tmp_path / "tiny.gguf")
+
+    def plan(out: Path, *extra: str) -> tuple[str, float]:
+        assert main(["prescribe", "--model", str(model), "--score", "fisher", "--types",
+                     "q2_k,q3_k,q4_0,q4_1,q4_k,q5_0,q5_1,q5_k,q6_k,q8_0", "--target-size", "Q4_K_M", "--n", "8",
+                     "--seq-len", "32", "--quiet", "--out", str(out), *extra]) == 0
+        return (out / "tensor_types.txt").read_text(), json.loads((out / "llama_plan.json").read_text())[
+            "estimated_loss"]
+
+    monkeypatch.delenv("LLAMA_CPP_BIN", raising=False)
+    mine = plan(tmp_path / "interp")
+    assert "interp's byte-identical rounding" in capsys.readouterr().out
+    theirs = plan(tmp_path / "llama", "--llama-cpp", BUILD)
+    assert "interp's" not in capsys.readouterr().out  # this one read llama-quantize's --pure files
+    assert mine == theirs
+    assert any(t in mine[0] for t in ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))
