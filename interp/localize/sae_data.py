@@ -271,8 +271,6 @@ def load_activations(folder: str | os.PathLike[str], layer: int, rows: Sequence[
     Raises:
         DataError: the folder is no finished capture, or it holds no ``layer``.
     """
-    from safetensors import safe_open
-
     real = Path(folder)
     manifest = _read_manifest(real)
     if layer not in manifest["layers"]:
@@ -287,25 +285,33 @@ def load_activations(folder: str | os.PathLike[str], layer: int, rows: Sequence[
     selections, total = [], 0
     for i in range(manifest["shards"]):
         path = real / _shard_name(i)
-        with safe_open(str(path), framework="pt") as fh:
-            row = fh.get_tensor("row")
+        row = _read(path, "row")
         keep = None if wanted is None else wanted[row.long()]
         selections.append((path, keep))
         total += int(row.numel() if keep is None else keep.sum())
     return _gather(selections, layer, total, manifest)
 
 
+def _read(path: Path, name: str) -> Tensor:
+    """One tensor of a shard; a missing or damaged shard (removed by hand: interp writes each whole) is refused."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            return fh.get_tensor(name)
+    except (SafetensorError, OSError) as exc:
+        raise DataError(f"Cannot read {name} from the activation shard {path} ({exc}): the capture was changed "
+                        "after it finished. Capture again into a new folder.") from None
+
+
 def _gather(selections: list[tuple[Path, Tensor | None]], layer: int, total: int, manifest: dict[str, Any]
             ) -> Activations:
-    from safetensors import safe_open
-
     values: Tensor | None = None
     rows = torch.empty(total, dtype=torch.int32)
     positions = torch.empty(total, dtype=torch.int32)
     at = 0
     for path, keep in selections:
-        with safe_open(str(path), framework="pt") as fh:
-            x, row, pos = fh.get_tensor(f"layer{layer}"), fh.get_tensor("row"), fh.get_tensor("position")
+        x, row, pos = _read(path, f"layer{layer}"), _read(path, "row"), _read(path, "position")
         if keep is not None:
             x, row, pos = x[keep], row[keep], pos[keep]
         if values is None:

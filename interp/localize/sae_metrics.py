@@ -22,10 +22,11 @@ encodes the reference's and another model's activation at the same positions; pe
 latent the sums a Pearson correlation over positions needs (``n, sum a, sum b, sum a^2,
 sum b^2, sum ab``, zeros included) and the firing counts of both. A TopK SAE fires ``k`` of its
 ``d_sae`` latents per position, so most (row, latent) pairs are all zeros: :class:`LatentRowStats`
-stores only the pairs where either model fires (COO), 40 bytes a pair. For 192 rows of 511 SAE
-positions and 4,096 latents at ``k = 32`` that is at most ``192 x 4,096`` pairs (31 MB; each row
-fires at most ``511 x 32 x 2`` latents, more than 4,096), and as many as the distinct latents
-each row fires, typically a few thousand per row, in practice.
+stores only the pairs where either model fires (COO), 56 bytes a pair (two int32 coordinates, five
+float64 sums, two int32 counts) and 8 bytes a row. For 192 rows of 511 SAE positions and 4,096
+latents at ``k = 32`` a row can fire up to ``511 x 32 x 2`` latents, more than there are, so the
+bound is every pair: ``192 x 4,096`` pairs, 44 MB per model and layer; the real size is the number
+of distinct latents each row fires in either model, which only a trained SAE says.
 """
 
 from __future__ import annotations
