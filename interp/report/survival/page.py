@@ -94,7 +94,7 @@ def _coverage(folder: Path, model: str, family: str) -> str:
 def model_section(folder: Path, model: str, results: dict[str, Any]) -> str:
     lines = [f"### {model}\n"]
     reference = registration()["models"][model]["reference"].split(":")[0]
-    lines.append(f"Reference: {reference}. Raw data: `{folder.relative_to(REPO)}`.\n")
+    lines.append(f"Reference: {reference}. Raw data: `docs/data/survival/{folder.parent.name}/{folder.name}`.\n")
     ind = results.get("induction")
     if ind is None:
         lines.append("Induction heads: not measured yet.\n")

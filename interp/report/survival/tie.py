@@ -79,12 +79,13 @@ def tie_analysis(folder: Any, model: str, family: str, units: np.ndarray, reg: d
     for label, files in method_instances(folder, family, model).items():
         if label not in tie_labels():
             continue
-        per_instance, broken_total, used = [], 0, 0
+        per_instance, broken_total, used, measured = [], 0, 0, 0
         for uid, _ in files:
             base = _family_arrays(folder, family, uid, ref)
             variants = {v: _family_arrays(folder, family, f"{uid}#{v}", ref) for v in VARIANTS}
             if base is None or any(v is None for v in variants.values()):
                 continue
+            measured += 1
             everything = np.arange(len(base[0][0]))[None]
             broken = np.zeros(units.sum(), dtype=bool)
             for values, reference in base:  # broken when any criterion's point ratio < threshold
@@ -97,6 +98,8 @@ def tie_analysis(folder: Any, model: str, family: str, units: np.ndarray, reg: d
             named = [v[0][:, units] for v in variants["named"]]  # type: ignore[union-attr]
             control = [v[0][:, units] for v in variants["control"]]  # type: ignore[union-attr]
             per_instance.append((named, control, [b[1][:, units] for b in base], broken))
+        if not measured:
+            continue  # no instance of this method has its restored variants yet
         row: dict[str, Any] = {"method": label, "family": family, "instances_used": used,
                                "broken_units": broken_total}
         if broken_total < 3 or not per_instance:

@@ -1,0 +1,41 @@
+"""docs/survival.md's generated section is what the committed raw data give (issue 48: one command recomputes
+every number on the page, and a test does)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from interp.report.survival import page as survival_page
+
+
+def _generated(text: str) -> str:
+    return text[text.index(survival_page.BEGIN):text.index(survival_page.END)]
+
+
+def test_the_page_is_generated_from_the_committed_raw_data(tmp_path):
+    copy = tmp_path / "survival.md"
+    shutil.copy(survival_page.PAGE, copy)
+    raw = tmp_path / survival_page.RAW.name  # the page names the raw folder by its last two parts
+    if survival_page.RAW.is_dir():
+        shutil.copytree(survival_page.RAW, raw)  # the tables the page writes beside the data land in the copy
+    survival_page.write(raw, copy)
+    assert _generated(copy.read_text()) == _generated(survival_page.PAGE.read_text()), \
+        "docs/survival.md is stale: run `python -m interp.report.survival.page`"
+
+
+def test_a_hand_edited_number_is_caught(tmp_path):
+    page = tmp_path / "survival.md"
+    page.write_text(f"# S\n\n{survival_page.BEGIN}\n| x | 0.51 [0.40, 0.62] |\n{survival_page.END}\n")
+    survival_page.write(tmp_path / "raw-none", page)
+    assert "0.51 [0.40, 0.62]" not in page.read_text()
+
+
+def test_a_page_without_markers_is_refused(tmp_path):
+    from interp.errors import DataError
+
+    page = tmp_path / "survival.md"
+    page.write_text("# no markers\n")
+    with pytest.raises(DataError, match="markers"):
+        survival_page.write(tmp_path / "raw-none", page)
