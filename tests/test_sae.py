@@ -128,7 +128,8 @@ def test_saelens_round_trip_is_identical(tmp_path):
     jump = JumpReLUSAE(W_enc=top.W_enc, b_enc=top.b_enc, W_dec=top.W_dec, b_dec=top.b_dec,
                        threshold=torch.rand(20, generator=g), hook_name="blocks.1.hook_resid_post",
                        apply_b_dec_to_input=False)
-    relu = ReLUSAE(W_enc=top.W_enc, b_enc=top.b_enc, W_dec=top.W_dec, b_dec=top.b_dec, hook_name="blocks.0.hook_mlp_out")
+    relu = ReLUSAE(W_enc=top.W_enc, b_enc=top.b_enc, W_dec=top.W_dec, b_dec=top.b_dec,
+                   hook_name="blocks.0.hook_mlp_out")
     x = torch.randn(7, 8, generator=g)
     for i, sae in enumerate((top, jump, relu)):
         back = load_sae(sae.save(tmp_path / f"sae{i}"))
@@ -190,9 +191,11 @@ def test_loads_a_pre_6_saelens_topk_folder(tmp_path):
                "scaling_factor": torch.ones(10)}
     cfg = {"architecture": "standard", "activation_fn_str": "topk", "activation_fn_kwargs": {"k": 4}, "d_in": 6,
            "d_sae": 10, "hook_point": "blocks.0.hook_resid_pre", "hook_layer": 0, "normalize_activations": False}
-    cfg["normalize_activations"] = "none"
-    sae = load_sae(_write_saelens(tmp_path / "old", cfg, tensors))
+    sae = load_sae(_write_saelens(tmp_path / "old", cfg, tensors))  # a unit scaling_factor, no normalisation
     assert isinstance(sae, TopKSAE) and sae.k == 4 and sae.hook_name == "blocks.0.hook_resid_pre"
+    cfg["normalize_activations"] = True  # what SAELens reads as "expected_average_only_in"
+    with pytest.raises(DataError, match="normalize_activations"):
+        load_sae(_write_saelens(tmp_path / "scaled", cfg, tensors))
 
 
 @pytest.mark.parametrize("change, error, words", [
@@ -447,7 +450,8 @@ def _naive_quality(model, sae: TopKSAE, rows: interp.Examples, layer: int):
     fvu_ = ((x - x_hat) ** 2).sum() / ((x - x.mean(0)) ** 2).sum()
     ce = {kind: np.mean(values) for kind, values in nll.items()}
     return {"fvu": fvu_, "l0": (z > 0).sum(1).mean(), "dead_share": ((z > 0).sum(0) == 0).mean(),
-            "ce_recovered": (ce["zero"] - ce["sae"]) / (ce["zero"] - ce["clean"]), "ce_increase": ce["sae"] - ce["clean"]}
+            "ce_recovered": (ce["zero"] - ce["sae"]) / (ce["zero"] - ce["clean"]),
+            "ce_increase": ce["sae"] - ce["clean"]}
 
 
 def test_quality_matches_naive_loops_in_float64(model64):

@@ -300,7 +300,7 @@ def sae_site(model: Any, sae: SparseAutoencoder) -> tuple[str, int]:
 # Reading an SAELens folder
 
 _SCHEMA = {"d_in": "int", "d_sae": "int", "architecture": "str", "apply_b_dec_to_input": "bool",
-           "normalize_activations": "str | None", "hook_name": "str", "hook_point": "str", "k": "int",
+           "normalize_activations": "str | bool | None", "hook_name": "str", "hook_point": "str", "k": "int",
            "activation_fn_kwargs": "dict | None", "activation_fn_str": "str | None", "activation_fn": "str | None",
            "interp": "dict", "metadata": "dict", "meta": "dict"}
 _REQUIRED = ("d_in", "d_sae")
@@ -332,7 +332,7 @@ def _architecture(cfg: Mapping[str, Any], where: Path) -> str:
     if name == "standard" and activation not in (None, "relu"):
         raise DataError(f"{where}: a standard SAE with activation {activation!r}; interp reads ReLU and TopK ones.")
     scaling = cfg.get("normalize_activations")
-    if scaling not in (None, "none"):
+    if scaling not in (None, "none", False):  # SAELens before 4 wrote false for none, true for a scale
         raise DataError(f"{where}: normalize_activations is {scaling!r}; interp reads SAEs that take the raw "
                         "activation (\"none\"). Fold the normalisation into the weights first.")
     return name
