@@ -546,7 +546,7 @@ class PrivateFolder:
 # The rest of the writer, importable from here as before
 
 _FOLDERS = ("Adopt", "check_complete", "claim_folder", "ensure_writable_dir", "is_complete", "remove_owned",
-            "staged_files", "staged_folder", "writing", "_read_marker", "_write_marker", "_owned", "_install")
+            "saving", "staged_files", "staged_folder", "writing", "_read_marker", "_write_marker", "_owned", "_install")
 _FORMATS = ("read_safetensors", "sanitize", "write_csv", "write_json", "write_parquet", "write_safetensors")
 
 

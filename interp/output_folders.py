@@ -55,7 +55,7 @@ from interp.io import (
     write_text,
 )
 
-__all__ = ["Adopt", "check_complete", "claim_folder", "ensure_writable_dir", "is_complete", "remove_owned",
+__all__ = ["Adopt", "check_complete", "claim_folder", "ensure_writable_dir", "is_complete", "remove_owned", "saving",
            "staged_files", "staged_folder", "writing"]
 
 _writing: dict[str, int] = {}  # output folders this process is writing in place (nesting depth)
@@ -279,6 +279,26 @@ def writing(folder: str | os.PathLike[str]) -> Iterator[Path]:
             if finished:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(real / INCOMPLETE)
+
+
+@contextmanager
+def saving(folder: str | os.PathLike[str], kind: str, own: Iterable[str] = ()) -> Iterator[Path]:
+    """Write a library object's files into ``folder`` (its ``.save``), in place and visibly incomplete until the
+    last one is in: the same :func:`writing` the commands run under, so a kill or a failure part-way leaves
+    ``INCOMPLETE`` there, which the object's ``.load`` (:func:`check_complete`) refuses; a rerun completes it.
+
+    ``folder`` (yielded as given) is made when needed and must be writable (:func:`ensure_writable_dir`). An interp
+    output of any kind (a command's ``--out``, an earlier save) is written as it is; any other folder becomes a
+    ``kind`` output first (:func:`claim_folder`): a new or empty one, or one holding only the files ``own`` names
+    (this save's own, written before output folders carried a marker). A non-empty folder interp did not write is
+    refused, as the root, the home folder and the working folder are.
+    """
+    path = ensure_writable_dir(Path(folder))
+    if _read_marker(resolve(path)) is None:
+        names = set(own)
+        claim_folder(path, kind, adopt=(lambda found: set(_entries(found)) <= names) if names else None)
+    with writing(path):
+        yield path
 
 
 def is_complete(folder: str | os.PathLike[str]) -> bool:

@@ -47,7 +47,7 @@ from interp.attention.metrics import AttentionMetric
 from interp.data import Examples, counted_positions, left_aligned
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, DataError, InterpError, NonFiniteError
-from interp.io import ensure_writable_dir, read_safetensors, write_json, write_parquet, write_safetensors
+from interp.io import check_complete, read_safetensors, saving, write_json, write_parquet, write_safetensors
 from interp.models import Model, model_name
 from interp.results import CheckedResult
 from interp.runtime import hooks as hk
@@ -159,6 +159,9 @@ def _check_pair(component: str, reducer: str) -> None:
 # Result
 
 
+SAVED_FILES = ("stats.safetensors", "probe.json", "probe.parquet")  # what ProbeResult.save writes
+
+
 @checked_class
 @dataclass(frozen=True)
 class ProbeResult(CheckedResult, ResultDisplay):
@@ -242,11 +245,11 @@ class ProbeResult(CheckedResult, ResultDisplay):
     def save(self, folder: str | Path) -> Path:
         """Write ``stats.safetensors``, ``probe.json`` and ``probe.parquet`` into ``folder``."""
 
-        out = ensure_writable_dir(folder)
-        write_safetensors(out / "stats.safetensors",
-                          {k.replace("/", "."): v.contiguous() for k, v in self.stats.items()})
-        write_json(out / "probe.json", {"layers": self.layers, "ids": self.ids, "settings": self.settings})
-        write_parquet(out / "probe.parquet", self.to_frame(), index=False)
+        with saving(folder, "probe-result", own=SAVED_FILES) as out:  # INCOMPLETE until the last file is in
+            write_safetensors(out / "stats.safetensors",
+                              {k.replace("/", "."): v.contiguous() for k, v in self.stats.items()})
+            write_json(out / "probe.json", {"layers": self.layers, "ids": self.ids, "settings": self.settings})
+            write_parquet(out / "probe.parquet", self.to_frame(), index=False)
         return out
 
     @classmethod
@@ -257,6 +260,7 @@ class ProbeResult(CheckedResult, ResultDisplay):
         from interp.schema import conform
 
         folder = Path(folder)
+        check_complete(folder, "saved probe result")  # a save killed part-way (INCOMPLETE) is refused
         record = read_json(folder / "probe.json", "a saved probe result's probe.json (ProbeResult.save writes one)")
         meta = conform(record, {"layers": "list[int]", "ids": "list[str]", "settings": "dict"},
                        f"{folder / 'probe.json'}")

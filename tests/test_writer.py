@@ -867,3 +867,132 @@ def test_a_kill_leaves_a_mixed_output_that_looks_whole_without_the_marker(n_step
         killed = write_killed(out, "in place", second_file, "run 2", mutate=True)
         assert killed.returncode == -signal.SIGKILL
         assert whole_or_flagged(Path(top), out) == ["no INCOMPLETE, but the files mix runs: ['run 1', 'run 2']"]
+
+
+# ---------------------------------------------------------------------------------------
+# A library object's .save(folder) is whole or visibly incomplete too (interp.output_folders.saving)
+
+
+def _savers() -> dict[str, tuple]:
+    """name -> (make(version), save(obj, folder), the file it writes last, load(folder) or None), built by hand."""
+    import numpy as np
+    import torch
+
+    from interp.localize.patching.patches import Patch
+    from interp.localize.patching.results import PatchResult
+    from interp.localize.restoration import RestorationResult
+    from interp.probes import ProbeResult
+    from interp.quant import Sensitivity
+    from interp.quant.llama_plan import LlamaPlan
+    from interp.quant.shapes import WeightShape
+
+    ids = ["a", "b", "c"]
+    shapes = [WeightShape(0, "q", 64, 64), WeightShape(0, "k", 64, 64)]
+    return {
+        "probe": (lambda v: ProbeResult({"resid_post/norm": torch.full((2, 3), float(v))}, [0, 1], ids, {"v": v}),
+                  lambda obj, folder: obj.save(folder), "probe.parquet", ProbeResult.load),
+        "sensitivity": (lambda v: Sensitivity("rtn:bits=4,group=32", [0, 0], ["q", "k"], [64, 64],
+                                              np.full((2, 3), float(v))),
+                        lambda obj, folder: obj.save(folder), "sensitivity.json", Sensitivity.load),
+        "patch": (lambda v: PatchResult(torch.full((1, 3), float(v)), torch.zeros(3), torch.ones(3),
+                                        [Patch("resid_post", (0,))], ids, "logit_diff", {"v": v}),
+                  lambda obj, folder: obj.save(folder, "up"), "up.json", None),
+        "restoration": (lambda v: RestorationResult([0, 1], [[], [0]], torch.full((2, 3), 1.0 + v), torch.ones(3),
+                                                    ids),
+                        lambda obj, folder: obj.save(folder), "restoration.csv", None),
+        "llama plan": (lambda v: LlamaPlan({"0.q": "q4_k", "0.k": "q6_k" if v == 1 else "q8_0"}, 5.0, 4.9 + v / 100,
+                                           (3.0, 8.0), {"Q4_K_M": 4.8}, 0.1 * v),
+                       lambda obj, folder: obj.save(folder, shapes), "tensor_types.txt", None),
+    }
+
+
+def saved_files(folder: Path) -> dict[str, bytes]:
+    """The files a save wrote in ``folder`` (interp's marker and INCOMPLETE aside)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name not in (io.MARKER, io.INCOMPLETE)}
+
+
+def fail_writing(name: str):
+    """A ``_fill`` whose write of the file ``name`` fails (a full disk), every other write going through."""
+    real = io._fill
+
+    def fill(tmp: Path, produce):
+        if tmp.name == name:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(tmp, produce)
+
+    return fill
+
+
+def save_failed_part_way(name: str, top: Path, monkeypatch) -> tuple[Path, dict[int, dict[str, bytes]]]:
+    """Save version 1 into ``top/out``, then version 2 failing at its last file; also a whole save of each
+    version elsewhere, whose files are what a whole output holds."""
+    make, save, last, _ = _savers()[name]
+    whole = {}
+    for version in (1, 2):
+        save(make(version), top / f"whole{version}")
+        whole[version] = saved_files(top / f"whole{version}")
+    assert whole[1] != whole[2] and all(last in files for files in whole.values())
+    out = top / "out"
+    save(make(1), out)
+    with monkeypatch.context() as patched:
+        patched.setattr(io, "_fill", fail_writing(last))
+        with pytest.raises(ResourceError, match="disk is full"):
+            save(make(2), out)
+    return out, whole
+
+
+def whole_or_flagged_save(out: Path, whole: dict[int, dict[str, bytes]]) -> list[str]:
+    """The invariant after a save failed part-way: the folder is one version's files whole, or it says it is
+    incomplete (and a check of it refuses it)."""
+    if not io.is_complete(out):
+        with pytest.raises(DataError, match="incomplete"):
+            io.check_complete(out)
+        return []
+    files = saved_files(out)
+    versions = sorted({v for name, data in files.items() for v in (1, 2) if whole[v].get(name) == data})
+    return [] if any(files == whole[v] for v in (1, 2)) else [f"no INCOMPLETE, but the files mix versions {versions}"]
+
+
+@pytest.mark.parametrize("name", ["probe", "sensitivity", "patch", "restoration", "llama plan"])
+def test_a_library_save_that_fails_part_way_says_so_and_a_rerun_completes_it(name, tmp_path, monkeypatch):
+    out, whole = save_failed_part_way(name, tmp_path, monkeypatch)
+    assert not io.is_complete(out) and whole_or_flagged_save(out, whole) == []
+    make, save, last, load = _savers()[name]
+    if load is not None:  # the object's own .load refuses what a failed save left
+        with pytest.raises(DataError, match="incomplete"):
+            load(out)
+    save(make(2), out)  # the rerun
+    assert io.is_complete(out) and saved_files(out) == whole[2]
+    assert [p for p in tmp_path.rglob("*") if io.is_temporary(p)] == []
+    if load is not None:
+        assert load(out) is not None
+
+
+def test_a_library_save_into_a_folder_interp_did_not_write_is_refused(tmp_path):
+    """Saving claims the folder as interp's first (a command's --out, already one, is written as it is): a folder
+    holding a user's files is refused and left as it was; one holding only this save's own files is taken over."""
+    make, save, _, _ = _savers()["probe"]
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "thesis.tex").write_text("years of work")
+    with pytest.raises(ResourceError, match="is not empty"):
+        save(make(1), user)
+    assert sorted(p.name for p in user.iterdir()) == ["thesis.tex"]
+    earlier = tmp_path / "earlier"  # saved before output folders carried interp's marker
+    save(make(1), earlier)
+    (earlier / io.MARKER).unlink()
+    save(make(2), earlier)
+    assert (earlier / io.MARKER).is_file()
+    report = io.claim_folder(tmp_path / "report", "report")  # another kind of interp output: written in place
+    save(make(1), report)
+    assert (report / "probe.json").is_file() and io.is_complete(report)
+
+
+def test_a_failed_save_mixes_two_versions_and_looks_whole_without_the_marker(tmp_path, monkeypatch):
+    """The mutation check: with :func:`interp.output_folders.writing` marking nothing, the same failure leaves a
+    folder that mixes two saves and looks complete."""
+    import interp.output_folders
+
+    monkeypatch.setattr(interp.output_folders, "writing", contextmanager(lambda folder: (yield Path(folder))))
+    out, whole = save_failed_part_way("probe", tmp_path, monkeypatch)
+    assert whole_or_flagged_save(out, whole) == ["no INCOMPLETE, but the files mix versions [1, 2]"]

@@ -42,7 +42,7 @@ from interp import validate
 from interp.data import Examples
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, InterpError
-from interp.io import ensure_writable_dir, write_csv
+from interp.io import saving, write_csv
 from interp.models import Model
 from interp.results import CheckedResult
 from interp.runtime import hooks as hk
@@ -213,8 +213,8 @@ class RestorationResult(CheckedResult, ResultDisplay):
         })
 
     def save(self, folder: str | Path) -> Path:
-        out = ensure_writable_dir(folder)
-        write_csv(out / "restoration.csv", self.table(), index=False)
+        with saving(folder, "restoration", own=("restoration.csv",)) as out:  # INCOMPLETE until it is written
+            write_csv(out / "restoration.csv", self.table(), index=False)
         return out
 
 

@@ -49,15 +49,15 @@ class LlamaPlan:
 
     def save(self, folder: str | os.PathLike[str], shapes: Sequence[WeightShape]) -> Path:
         """Write ``tensor_types.txt`` (``llama-quantize --tensor-type-file``) and ``llama_plan.json``."""
-        from interp.io import ensure_writable_dir, sanitize, write_json
+        from interp.io import sanitize, saving, write_json
         from interp.quant.llama_cpp import write_tensor_types
 
-        out = ensure_writable_dir(Path(folder))
-        write_json(out / "llama_plan.json", sanitize({
-            "types": self.types, "budget": self.budget, "achieved_bits_per_weight": self.achieved,
-            "ends_bits_per_weight": list(self.ends), "llama_cpp_mixes_bits_per_weight": self.baselines,
-            "estimated_loss": self.estimated_loss, "settings": self.settings}))
-        return write_tensor_types(out / "tensor_types.txt", shapes, self.types)
+        with saving(Path(folder), "llama-plan", own=("llama_plan.json", "tensor_types.txt")) as out:
+            write_json(out / "llama_plan.json", sanitize({  # INCOMPLETE until both files are in
+                "types": self.types, "budget": self.budget, "achieved_bits_per_weight": self.achieved,
+                "ends_bits_per_weight": list(self.ends), "llama_cpp_mixes_bits_per_weight": self.baselines,
+                "estimated_loss": self.estimated_loss, "settings": self.settings}))
+            return write_tensor_types(out / "tensor_types.txt", shapes, self.types)
 
 
 # the width each stored type is scored at (the proxy's RTN grid of that many bits)

@@ -329,11 +329,11 @@ class Plan:
 
     def save(self, folder: str | os.PathLike[str]) -> Path:
         """Write ``plan.json``; ``interp quantize ... --method @FOLDER/plan.json`` quantizes with it."""
-        from interp.io import ensure_writable_dir, write_json
+        from interp.io import saving, write_json
 
-        path = ensure_writable_dir(Path(folder)) / PLAN_FILE
-        write_json(path, self.to_dict())
-        return path
+        with saving(Path(folder), "plan", own=(PLAN_FILE,)) as out:  # INCOMPLETE until it is written
+            write_json(out / PLAN_FILE, self.to_dict())
+        return out / PLAN_FILE
 
 
 def plan_from_order(shapes: Sequence[WeightShape], spec: MethodSpec, bits: tuple[int, int], budget: float,

@@ -62,7 +62,7 @@ from tqdm.auto import tqdm
 from interp import models, stats
 from interp.data import Examples
 from interp.errors import DataError, InterpError
-from interp.io import ensure_writable_dir, sanitize, write_csv, write_json
+from interp.io import check_complete, ensure_writable_dir, is_complete, sanitize, saving, write_csv, write_json
 from interp.models import Model
 from interp.quant.apply import ROLES, _cache_key, _quantize, _quantize_cached, examples_hash
 from interp.quant.spec import MethodSpec, parse_spec
@@ -145,14 +145,14 @@ class Sensitivity:
 
     def save(self, folder: str | os.PathLike[str]) -> Path:
         """``sensitivity.csv`` (per weight and example) and ``sensitivity.json`` (spec, settings)."""
-        out = ensure_writable_dir(Path(folder))
         frame = pd.DataFrame(self.per_example, columns=[f"x{i}" for i in range(self.per_example.shape[1])])
         frame.insert(0, "weights", self.weights)
         frame.insert(0, "role", self.roles)
         frame.insert(0, "layer", self.layers)
-        write_csv(out / TABLE_FILE, frame, index=False, float_format="%.9g")
-        write_json(out / INFO_FILE, sanitize({"spec": self.spec, "settings": self.settings,
-                                              "version": SENSITIVITY_VERSION}))
+        with saving(Path(folder), "sensitivity", own=(TABLE_FILE, INFO_FILE)) as out:  # INCOMPLETE until both are in
+            write_csv(out / TABLE_FILE, frame, index=False, float_format="%.9g")
+            write_json(out / INFO_FILE, sanitize({"spec": self.spec, "settings": self.settings,
+                                                  "version": SENSITIVITY_VERSION}))
         return out
 
     @classmethod
@@ -162,6 +162,7 @@ class Sensitivity:
         from interp.reading import read_json, regular_file
         from interp.schema import conform
 
+        check_complete(folder, "saved sensitivity scores")  # a save killed part-way (INCOMPLETE) is refused
         info = conform(read_json(Path(folder) / INFO_FILE, "saved sensitivity scores"),
                        {"spec": "str", "settings": "dict"}, str(Path(folder) / INFO_FILE))
         frame = pd.read_csv(regular_file(Path(folder) / TABLE_FILE, "saved sensitivity scores"))
@@ -205,7 +206,7 @@ def sensitivity(model: Model, spec: str | MethodSpec, examples: Examples, calibr
     key = _key(model, spec, examples, calibration)
     folder = ensure_writable_dir(root / "sensitivity") / key
     with FileLock(str(folder) + ".lock"):
-        if (folder / INFO_FILE).is_file():
+        if (folder / INFO_FILE).is_file() and is_complete(folder):  # a save killed part-way is measured again
             return Sensitivity.load(folder)
         low = _quantize_cached(model, spec, calibration, cache_dir=root / "quantized", progress=progress)
         result = _measure(model, low, spec, examples, batch_size, progress)

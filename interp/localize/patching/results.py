@@ -27,7 +27,7 @@ from torch import Tensor
 
 from interp.display import ResultDisplay
 from interp.errors import InterpError
-from interp.io import ensure_writable_dir, write_csv, write_json
+from interp.io import saving, write_csv, write_json
 from interp.localize.patching.patches import PAPER_NAMES, Patch, span
 from interp.results import CheckedResult
 from interp.typing import PerExample
@@ -120,10 +120,11 @@ class PatchResult(CheckedResult, ResultDisplay):
 
     def save(self, folder: str | Path, name: str = "patching") -> Path:
         """``{name}.csv`` (table), ``{name}_examples.csv`` (per example) and ``{name}.json`` (settings)."""
-        out = ensure_writable_dir(folder)
-        write_csv(out / f"{name}.csv", self.table(), index=False)
-        write_csv(out / f"{name}_examples.csv", self.to_frame(), index=False)
-        write_json(out / f"{name}.json", {"metric": self.metric, "settings": self.settings,
-                                           "target": self.target_value, "source": self.source_value})
+        own = (f"{name}.csv", f"{name}_examples.csv", f"{name}.json")
+        with saving(folder, "patch-result", own=own) as out:  # INCOMPLETE until the last file is in
+            write_csv(out / f"{name}.csv", self.table(), index=False)
+            write_csv(out / f"{name}_examples.csv", self.to_frame(), index=False)
+            write_json(out / f"{name}.json", {"metric": self.metric, "settings": self.settings,
+                                               "target": self.target_value, "source": self.source_value})
         return out
 
