@@ -1,0 +1,548 @@
+"""Pre-registered run llama-cpp-curve-1 (issue 47): the K-quant size curve against llama.cpp at its best.
+
+Follows ``docs/preregistration/llama-cpp-curve-1.json`` (read here, never edited), for one model:
+
+1. ``llama-quantize`` makes the F32 reference and every size's plain mix; the sizes judged are fixed from
+   the files' bytes before any score (``sizes.json``; Gemma: the mixes smaller than the bundled file).
+2. Fresh held-out examples: the documents any earlier registration held out (the ``ids`` and
+   ``heldout_ids`` committed under ``docs/data/prescribe/llama-cpp/`` and ``docs/data/reproduction/``) are
+   removed, then ``interp.data.load_examples`` draws; no calibration document may be among them.
+3. Per calibration seed (41-43, 64 examples): interp's importance matrix and ``llama-imatrix``'s (the
+   examples decoded as text, ``-c 128``); each size's mix with each of them; ``--pure --imatrix`` files of
+   every candidate type, dequantized, for the one-sample Fisher sensitivity (one chunk per example).
+4. Per seed and size, two plans (``plan_mean``: ``choose_options``; ``plan_tail``: ``choose_options_tail``,
+   share 0.1), each ``llama-quantize --imatrix INTERP_s --tensor-type-file``, re-chosen with less room until
+   the file is at most every baseline of its seed (``fit_to_size``); else "no plan fits".
+5. Every file scored by llama.cpp's kernels (its Python bindings, one example per context): per example
+   its mean KL, NLL and top-token agreement (parquet), per position its KL (float32) and agreement (uint8)
+   in a safetensors file, the sufficient data of the tail metrics.
+6. The registered analysis (``benchmarks/llama_cpp_curve_analysis.py``) writes ``result.json``; with
+   ``--write`` it and the scores, plans and records go to
+   ``docs/data/prescribe/llama-cpp/llama-cpp-curve-1/<model>/`` (``docs/build_llama_cpp_curve.py`` renders the page).
+
+Every phase writes its result as it finishes, so a killed run resumes where it stopped; ``run.json``
+records each (re)start with the commit, the registration's SHA-256, the CPU and its flags and torch's kernels.
+
+    LLAMA_CPP_BIN=/path/to/build/bin PYTHONPATH=/folder/holding/llama_cpp \\
+        python benchmarks/llama_cpp_curve.py --model smollm2-135m [--write]
+    python benchmarks/llama_cpp_curve.py --dry-run       # every phase on a tiny GGUF, in a temporary folder
+
+The ``llama_cpp`` package is llama-cpp-python's pure-Python ``llama_cpp/`` folder (its sdist) over the build's
+``libllama.so`` (``LLAMA_CPP_LIB_PATH`` is set to ``LLAMA_CPP_BIN``); it needs ``diskcache`` and ``jinja2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+for _path in (ROOT, ROOT / "benchmarks"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import llama_cpp_curve_analysis as curve  # noqa: E402
+import llama_cpp_plans as plans  # noqa: E402
+
+import interp  # noqa: E402
+from interp.data import load_examples  # noqa: E402
+from interp.io import sanitize, write_file, write_json, write_text  # noqa: E402
+from interp.quant.llama_cpp import write_tensor_types  # noqa: E402
+from interp.quant.llama_cpp_run import block_bytes, rounding_of  # noqa: E402
+from interp.quant.llama_cpp_run import quantize as run_quantize  # noqa: E402
+
+NAME = "llama-cpp-curve-1"
+OUT = plans.DATA / NAME
+EARLIER = (plans.DATA, ROOT / "docs" / "data" / "reproduction")  # where earlier registrations' example ids are
+log = plans.log
+
+
+@dataclass
+class Setup:
+    """One model's run: the registration (``reg``, possibly the dry run's smaller copy), its SHA-256, the model,
+    the GGUF llama.cpp starts from, the sizes, the build, the working folder and what the analysis repeats."""
+
+    reg: dict[str, Any]
+    sha: str
+    model: str
+    source: Path
+    sizes: list[str]
+    binary: Path
+    run: Path
+    reference_limit: int | None = None  # bytes: only sizes whose plain mix is smaller are judged
+    mc_seeds: tuple[int, ...] = tuple(range(1, 21))
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(self.reg["calibration"]["seeds"])
+
+    def gguf(self, name: str) -> Path:
+        return self.run / "gguf" / f"{name}.gguf"
+
+
+def _read(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def cpu() -> dict[str, str]:
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    found = {key: re.search(rf"^{key}\s*:\s*(.*)$", info, re.M) for key in ("model name", "flags")}
+    return {key: m.group(1) if m else "unknown" for key, m in found.items()}
+
+
+def record_start(s: Setup) -> dict[str, Any]:
+    """Append this (re)start to ``run.json``; a run folder of another registration text is refused."""
+    path = s.run / "run.json"
+    record = _read(path) if path.exists() else {"registration": NAME, "registration_sha256": s.sha, "model": s.model,
+                                                "starts": []}
+    if record["registration_sha256"] != s.sha or record["model"] != s.model:
+        raise SystemExit(f"{s.run} holds a run of another registration text or model; use another --run")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    record["starts"].append({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": commit, "argv": sys.argv[1:],
+                             "cpu": cpu(), "torch_kernels": torch.backends.cpu.get_cpu_capability(),
+                             "torch_threads": torch.get_num_threads(),
+                             "llama_threads": int(os.environ.get("LLAMA_THREADS", "2"))})
+    write_json(path, record)
+    return record
+
+
+# ---------------------------------------------------------------------------------------
+# Phase 1: the reference and the plain mixes; the sizes judged
+
+
+def registered_limit(reg: dict[str, Any], model: str, source: Path) -> int | None:
+    """Gemma's judged sizes: the registered byte count of the bundled reference file, checked against the file."""
+    text = reg["models"][model].get("judged_sizes")
+    if text is None:
+        return None
+    limit = int(re.search(r"\(([\d,]+) B\)", text).group(1).replace(",", ""))  # type: ignore[union-attr]
+    if source.stat().st_size != limit:
+        raise SystemExit(f"{source} has {source.stat().st_size} bytes; the registration names {limit}")
+    return limit
+
+
+def phase_mixes(s: Setup) -> dict[str, Any]:
+    (s.run / "gguf").mkdir(parents=True, exist_ok=True)
+    plans.quantize(s.binary, s.source, s.gguf("ref-f32"), "F32", "--allow-requantize")
+    for size in s.sizes:
+        plans.quantize(s.binary, s.gguf("ref-f32"), s.gguf(curve.stem(curve.PLAIN, size)), size)
+    path = s.run / "sizes.json"
+    if not path.exists():  # fixed once, from the files, before any score
+        sizes = {}
+        for size in s.sizes:
+            f = s.gguf(curve.stem(curve.PLAIN, size))
+            nbytes = f.stat().st_size
+            sizes[size] = {"bytes": nbytes, "block_bytes": block_bytes(f),
+                           "judged": s.reference_limit is None or nbytes < s.reference_limit}
+        write_json(path, {"reference_limit": s.reference_limit, "sizes": sizes})
+    return _read(path)
+
+
+# ---------------------------------------------------------------------------------------
+# Phase 2: the examples
+
+
+def earlier_ids(exclude: Path | None = None) -> set[str]:
+    """Every example id committed by earlier registrations: the ``ids`` and ``heldout_ids`` lists of the JSON
+    files under ``docs/data/prescribe/llama-cpp/`` and ``docs/data/reproduction/`` (not this registration's own
+    folder ``exclude``). Calibration ids are among them; they are never eval documents, so removing them
+    changes nothing."""
+    found: set[str] = set()
+    for root in EARLIER:
+        for path in sorted(root.rglob("*.json")):
+            if exclude is not None and exclude in path.parents:
+                continue
+            data = json.loads(path.read_text())
+            if isinstance(data, dict):
+                for key in ("ids", "heldout_ids"):
+                    if isinstance(data.get(key), list):
+                        found.update(str(x) for x in data[key])
+    return found
+
+
+def examples(s: Setup, tokenizer: Any) -> tuple[Any, dict[int, Any]]:
+    """The held-out examples and each seed's calibration examples, checked against ``examples.json``."""
+    held, cal = s.reg["heldout"], s.reg["calibration"]
+    used = earlier_ids(OUT)
+    pool = load_examples(held["data"], tokenizer, n=None, seq_len=held["seq_len"], seed=held["seed"],
+                         split=held["split"])
+    keep = [i for i, doc in enumerate(pool.ids) if doc not in used]
+    if len(keep) < held["n"]:
+        raise SystemExit(f"only {len(keep)} fresh held-out documents remain; the registration asks for {held['n']}")
+    rows = pool.subset(keep[:held["n"]])  # the pool is in the seed's order
+    calibration = {seed: load_examples(cal["data"], tokenizer, n=cal["n"], seq_len=cal["seq_len"], seed=seed,
+                                       split=cal["split"]) for seed in s.seeds}
+    overlap = set(rows.ids) & {i for c in calibration.values() for i in c.ids}
+    if overlap:
+        raise SystemExit(f"{len(overlap)} held-out documents are also calibration documents")
+    record = {"heldout_ids": rows.ids,
+              "heldout_tokens_sha256": hashlib.sha256(rows.tokens.numpy().tobytes()).hexdigest(),
+              "excluded_documents": len(used),
+              "excluded_ids_sha256": hashlib.sha256("\n".join(sorted(used)).encode()).hexdigest(),
+              "calibration_ids": {str(seed): c.ids for seed, c in calibration.items()}}
+    path = s.run / "examples.json"
+    if path.exists() and _read(path) != record:
+        raise SystemExit(f"the examples drawn now differ from {path}'s: the data or the tokenizer changed")
+    write_json(path, record)
+    return rows, calibration
+
+
+# ---------------------------------------------------------------------------------------
+# Phase 3: importance matrices, the imatrix mixes and the sensitivities
+
+
+def llama_imatrix(binary: Path, model: Path, text: Path, target: Path, ctx: int) -> None:
+    """``llama-imatrix -m MODEL -f TEXT -c CTX -o TARGET`` (default settings otherwise), written whole or not at all."""
+    def produce(tmp: Path) -> None:
+        done = subprocess.run([str(binary / "llama-imatrix"), "-m", str(model), "-f", str(text), "-c", str(ctx),
+                               "-o", str(tmp)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              errors="replace", check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"llama-imatrix failed ({done.returncode}): {done.stdout.strip().splitlines()[-1:]}")
+
+    write_file(target, produce)
+
+
+def phase_imatrices(s: Setup, model: Any, calibration: dict[int, Any]) -> None:
+    from interp.quant.imatrix import importance_matrix, write_imatrix
+
+    for seed, rows in calibration.items():
+        mine, theirs = s.run / f"imatrix-interp-{seed}.gguf", s.run / f"imatrix-llama-{seed}.gguf"
+        if not mine.exists():
+            start = time.perf_counter()
+            write_imatrix(importance_matrix(model, rows, progress=False,
+                                            datasets=(f"wiki calibration split, seed {seed}",)), mine)
+            write_json(s.run / f"imatrix-interp-{seed}.json", {"seconds": time.perf_counter() - start})
+            log(f"interp imatrix, seed {seed}")
+        if not theirs.exists():
+            text = s.run / f"calibration-{seed}.txt"
+            write_text(text, "\n\n".join(model.tokenizer.decode(row[1:]) for row in rows.tokens.tolist()))
+            start = time.perf_counter()
+            llama_imatrix(s.binary, s.gguf("ref-f32"), text, theirs, s.reg["calibration"]["seq_len"])
+            write_json(s.run / f"imatrix-llama-{seed}.json", {"seconds": time.perf_counter() - start})
+            log(f"llama-imatrix, seed {seed}")
+
+
+def phase_imatrix_mixes(s: Setup) -> None:
+    for seed in s.seeds:
+        for short, kind in curve.BASELINES.items():
+            for size in s.sizes:
+                plans.quantize(s.binary, s.gguf("ref-f32"), s.gguf(curve.stem(kind, size, seed)), size, "--imatrix",
+                               str(s.run / f"imatrix-{short}-{seed}.gguf"))
+
+
+def phase_sensitivity(s: Setup, model: Any, calibration: dict[int, Any]) -> dict[int, dict[str, Any]]:
+    """Per seed: the one-sample Fisher sensitivity of every candidate type, each rounded as llama-quantize
+    ``--pure --imatrix INTERP_s`` rounds it (those files are removed once read)."""
+    from safetensors.numpy import load_file, save_file
+
+    from interp.quant.fisher import fisher_sensitivity
+    from interp.quant.llama_cpp import gguf_block_weights
+
+    types = s.reg["plans"]["candidate_types"]
+    out = {}
+    for seed, rows in calibration.items():
+        path = s.run / f"sensitivity-{seed}.safetensors"
+        if not path.exists():
+            flag = ("--imatrix", str(s.run / f"imatrix-interp-{seed}.gguf"))
+            pure = {}
+            for t in types:
+                f = s.gguf(f"pure-{t}-{seed}")
+                plans.quantize(s.binary, s.gguf("ref-f32"), f, t.upper(), "--pure", *flag)
+                pure[t] = gguf_block_weights(f)
+            log(f"Fisher sensitivity, calibration seed {seed}")
+            result = fisher_sensitivity(model, rows, rounding_of(pure), chunks=len(rows), batch_size=8,
+                                        seed=seed, progress=False)
+            write_json(path.with_suffix(".json"), sanitize({"layers": result.layers, "roles": result.roles,
+                                                            "options": result.options, "settings": result.settings,
+                                                            "ids": rows.ids}))
+            write_file(path, lambda tmp, r=result: save_file({"per_chunk": r.per_chunk, "tokens": r.tokens}, str(tmp)))
+            for t in types:
+                s.gguf(f"pure-{t}-{seed}").unlink()
+            log(f"  {result.settings['seconds']:.0f} s")
+        out[seed] = {**_read(path.with_suffix(".json")), **load_file(str(path))}
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Phase 4: the plans
+
+
+def make_plan(s: Setup, arm: str, size: str, seed: int, sen: dict[str, Any],
+              shapes: dict[tuple[int, str], tuple[int, int]], capacity: int, limit: int) -> dict[str, Any]:
+    """One registered plan: its types chosen for ``capacity`` block bytes (``plan_mean``: least summed
+    sensitivity; ``plan_tail``: least predicted worst-10% KL), written by ``llama-quantize SIZE --imatrix INTERP_s
+    --tensor-type-file`` and chosen again with less room until the file is at most ``limit`` bytes."""
+    from interp.errors import SpecError
+    from interp.quant.llama_cpp_run import fit_to_size
+    from interp.quant.prescribe import choose_options_tail
+    from interp.quant.shapes import WeightShape
+
+    name = curve.stem(arm, size, seed)
+    candidates = s.reg["plans"]["candidate_types"]
+    keys, allowed, losses, costs = plans.option_table(sen, shapes, candidates, sen["per_chunk"] / sen["tokens"])
+    history: list[float] = []
+
+    def choose(room: int) -> dict[tuple[int, str], str]:
+        if arm == "plan_mean":
+            return plans.plan_types(sen, shapes, room, candidates)
+        chosen, found = choose_options_tail(losses, costs, room, share=0.1, unit=max(1, room // 50000))
+        history[:] = found
+        return {key: allowed[w][o] for w, (key, o) in enumerate(zip(keys, chosen, strict=True))}
+
+    def write(types: dict[tuple[int, str], str]) -> Path:
+        type_file = s.run / f"{name}.txt"
+        order = sorted(types)
+        write_tensor_types(type_file, [WeightShape(layer, role, *shapes[layer, role]) for layer, role in order],
+                           {f"{layer}.{role}": types[layer, role] for layer, role in order})
+        return run_quantize(s.binary, s.gguf("ref-f32"), s.gguf(name), size, "--imatrix",
+                            str(s.run / f"imatrix-interp-{seed}.gguf"), "--tensor-type-file", str(type_file))
+
+    try:
+        types, made, slack = fit_to_size(choose, write, capacity, limit, lambda x: log(f"{name}: {x} bytes less"))
+    except SpecError as error:
+        return {"fits": False, "reason": str(error), "limit": limit, "capacity": capacity}
+    return {"fits": True, "bytes": made.stat().st_size, "limit": limit, "capacity": capacity, "slack": slack,
+            "predicted_kl": plans.predicted(sen, types), **({"tail_history": history} if history else {})}
+
+
+def phase_plans(s: Setup, sens: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Every size, seed and arm's plan, each recorded in ``plans.json`` as it is made (a rerun skips it)."""
+    from interp.quant.llama_cpp_run import gguf_shapes
+
+    path = s.run / "plans.json"
+    record: dict[str, Any] = _read(path) if path.exists() else {}
+    shapes = {(w.layer, w.role): (w.d_out, w.d_in) for w in gguf_shapes(s.gguf("ref-f32"))}
+    for size in s.sizes:
+        capacity = block_bytes(s.gguf(curve.stem(curve.PLAIN, size)))
+        for seed in s.seeds:
+            baselines = [curve.stem(curve.PLAIN, size), *(curve.stem(k, size, seed) for k in curve.BASELINES.values())]
+            limit = min(s.gguf(b).stat().st_size for b in baselines)  # the plan must fit under each
+            for arm in curve.ARMS:
+                name = curve.stem(arm, size, seed)
+                if name not in record:
+                    record[name] = make_plan(s, arm, size, seed, sens[seed], shapes, capacity, limit)
+                    write_json(path, sanitize(record))
+                    log(f"{name}: {record[name].get('bytes', 'no plan fits')} bytes (limit {limit})")
+    return record
+
+
+# ---------------------------------------------------------------------------------------
+# Phase 5: scores
+
+
+def score_group(s: Setup, names: list[str], rows: torch.Tensor) -> None:
+    """Score ``names`` (files of one size) on every held-out example through llama.cpp's bindings, the
+    reference evaluated once per example for the group; per file a parquet and a safetensors file."""
+    from llama_cpp import Llama
+    from safetensors.numpy import save_file
+
+    threads = int(os.environ.get("LLAMA_THREADS", "2"))
+
+    def load(path: Path) -> Any:
+        return Llama(model_path=str(path), n_ctx=rows.shape[1], n_batch=rows.shape[1], n_threads=threads,
+                     n_threads_batch=threads, logits_all=True, verbose=False)
+
+    def logprobs(llm: Any, row: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        llm.reset()
+        llm.eval(row)
+        logits = np.asarray(llm.scores[:len(row) - 1], dtype=np.float32)
+        lp = torch.log_softmax(torch.from_numpy(logits.astype(np.float64)), dim=1).numpy()
+        return lp, logits.argmax(axis=1)
+
+    ref, models = load(s.gguf("ref-f32")), {n: load(s.gguf(n)) for n in names}
+    n, width = rows.shape[0], rows.shape[1] - 1
+    kl = {m: np.empty((n, width)) for m in names}
+    same = {m: np.empty((n, width), dtype=bool) for m in names}
+    nll = {m: np.empty(n) for m in names}
+    ref_nll = np.empty(n)
+    start = time.perf_counter()
+    for i, row in enumerate(rows.tolist()):
+        lp_ref, top_ref = logprobs(ref, row)
+        at = (np.arange(width), np.asarray(row[1:]))
+        ref_nll[i] = -lp_ref[at].mean()
+        p_ref = np.exp(lp_ref)
+        for m, llm in models.items():
+            lp, top = logprobs(llm, row)
+            kl[m][i] = (p_ref * (lp_ref - lp)).sum(axis=1)
+            same[m][i] = top == top_ref
+            nll[m][i] = -lp[at].mean()
+        if i % 32 == 31:
+            log(f"  {i + 1} examples, {time.perf_counter() - start:.0f} s")
+    (s.run / "scores").mkdir(exist_ok=True)
+    for m in names:
+        frame = pd.DataFrame({"kl": kl[m].mean(axis=1), "nll": nll[m], "ref_nll": ref_nll,
+                              "same_top": same[m].mean(axis=1), "bytes": s.gguf(m).stat().st_size})
+        write_file(s.run / "scores" / f"{m}.safetensors", lambda tmp, m=m: save_file(
+            {"kl": kl[m].astype(np.float32), "same_top": same[m].astype(np.uint8)}, str(tmp)))
+        write_file(s.run / "scores" / f"{m}.parquet", lambda tmp, frame=frame: frame.to_parquet(tmp))
+    for llm in (ref, *models.values()):
+        llm.close()
+
+
+def file_names(s: Setup, size: str, record: dict[str, Any]) -> list[str]:
+    names = [curve.stem(curve.PLAIN, size)] + [curve.stem(k, size, seed) for seed in s.seeds
+                                               for k in curve.BASELINES.values()]
+    return names + [curve.stem(arm, size, seed) for arm in curve.ARMS for seed in s.seeds
+                    if record[curve.stem(arm, size, seed)]["fits"]]
+
+
+def phase_scores(s: Setup, rows: Any, record: dict[str, Any]) -> None:
+    for size in s.sizes:
+        todo = [n for n in file_names(s, size, record) if not (s.run / "scores" / f"{n}.parquet").exists()]
+        if todo:
+            log(f"{size}: scoring {len(todo)} files on {len(rows)} held-out examples")
+            score_group(s, todo, rows.tokens)
+
+
+# ---------------------------------------------------------------------------------------
+# Phase 6: the analysis and the committed data
+
+
+def load_scores(folder: Path, names: list[str]) -> dict[str, curve.FileScores]:
+    from safetensors.numpy import load_file
+
+    out = {}
+    for name in names:
+        frame = pd.read_parquet(folder / f"{name}.parquet")
+        arrays = load_file(str(folder / f"{name}.safetensors"))
+        out[name] = curve.FileScores(frame["kl"].to_numpy(), arrays["kl"].astype(np.float64),
+                                     arrays["same_top"].astype(bool), int(frame["bytes"].iloc[0]))
+    return out
+
+
+def design_of(reg: dict[str, Any], sizes: dict[str, Any], record: dict[str, Any], n_boot: int | None = None,
+              mc_seeds: tuple[int, ...] = tuple(range(1, 21))) -> curve.Design:
+    seeds = reg["calibration"]["seeds"]
+    no_plan = {size: [arm for arm in curve.ARMS if not all(record[curve.stem(arm, size, s)]["fits"] for s in seeds)]
+               for size in sizes["sizes"]}
+    return curve.Design(list(sizes["sizes"]), {k: v["judged"] for k, v in sizes["sizes"].items()}, seeds,
+                        n_boot or reg["n_boot"], mc_seeds, no_plan)
+
+
+def analyse(s: Setup, scores_folder: Path | None = None) -> dict[str, Any]:
+    sizes, record = _read(s.run / "sizes.json"), _read(s.run / "plans.json")
+    design = design_of(s.reg, sizes, record, s.reg["n_boot"], s.mc_seeds)
+    names = [n for size in s.sizes for n in file_names(s, size, record)]
+    scores = load_scores(scores_folder or s.run / "scores", names)
+    predicted = {n: r["predicted_kl"] for n, r in record.items() if r["fits"] and n in scores}
+    start = time.perf_counter()
+    result = curve.analyse_model(scores, design, predicted)
+    digests = {p.name: _sha256(p) for p in sorted([*s.run.glob("imatrix-*.gguf"), *s.run.glob("sensitivity-*")])}
+    return {"registration": NAME, "registration_sha256": s.sha, "model": s.model, "sizes": sizes,
+            "seeds": s.seeds, "n_boot": design.n_boot, "mc_seeds": list(design.mc_seeds), **result, "plans": record,
+            "digests": digests, "imatrix_seconds": {p.stem: _read(p)["seconds"] for p in s.run.glob("imatrix-*.json")},
+            "analysis_seconds": time.perf_counter() - start, "examples": _read(s.run / "examples.json"),
+            "run": _read(s.run / "run.json"), "environment": plans.environment()}
+
+
+def publish(s: Setup, result: dict[str, Any], out: Path) -> None:
+    """Copy the result, the scores, the plans and the records to ``out`` (docs/data/...)."""
+    (out / "scores").mkdir(parents=True, exist_ok=True)
+    for p in (s.run / "scores").iterdir():
+        shutil.copyfile(p, out / "scores" / p.name)
+    for p in [*s.run.glob("plan_*.txt"), s.run / "sizes.json", s.run / "plans.json", s.run / "examples.json"]:
+        shutil.copyfile(p, out / p.name)
+    write_json(out / "result.json", sanitize(result))
+
+
+def run_model(s: Setup, write: bool) -> dict[str, Any]:
+    os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(s.binary))  # before anything imports llama_cpp
+    record_start(s)
+    sizes = phase_mixes(s)
+    log(f"sizes judged: {[k for k, v in sizes['sizes'].items() if v['judged']]}")
+    model = interp.load_model(str(s.source) if s.model == "dry-run" else s.model)
+    rows, calibration = examples(s, model.tokenizer)
+    phase_imatrices(s, model, calibration)
+    phase_imatrix_mixes(s)
+    sens = phase_sensitivity(s, model, calibration)
+    del model
+    record = phase_plans(s, sens)
+    phase_scores(s, rows, record)
+    result = analyse(s)
+    write_json(s.run / "result.json", sanitize(result))
+    if write:
+        publish(s, result, OUT / s.model)
+    log(json.dumps({arm: {k: v for k, v in counts.items() if v} for arm, counts in result["headline"].items()}))
+    return result
+
+
+def dry_registration(reg: dict[str, Any]) -> dict[str, Any]:
+    """The registration scaled down for ``--dry-run``: a tiny model, 2 sizes, 8 held-out and 8 calibration
+    examples per seed, 2 seeds, 200 resamples (every rule as registered)."""
+    dry = copy.deepcopy(reg)
+    dry["models"] = {"dry-run": {"reference": "tests/tiny_gguf.py's tiny random llama", "sizes": ["Q2_K", "Q4_K_M"]}}
+    dry["heldout"].update(n=8)
+    dry["calibration"].update(n=8, seeds=[41, 42])
+    dry["n_boot"] = 200
+    return dry
+
+
+def setup(model: str, run: Path | None, binary: Path, dry: bool) -> Setup:
+    reg, sha = plans.registration(NAME)
+    if dry:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from tiny_gguf import write_tiny_gguf
+
+        run = run or Path(tempfile.mkdtemp(prefix="llama-cpp-curve-dry-"))
+        run.mkdir(parents=True, exist_ok=True)
+        source = run / "tiny.gguf"
+        if not source.exists():
+            write_tiny_gguf(source)
+        reg = dry_registration(reg)
+        return Setup(reg, sha, "dry-run", source, reg["models"]["dry-run"]["sizes"], binary, run, None, (1, 2, 3))
+    from interp.models import _bundled_gguf
+
+    if model not in reg["models"]:
+        raise SystemExit(f"--model {model}: the registration names {', '.join(reg['models'])}")
+    source = _bundled_gguf(model)
+    return Setup(reg, sha, model, source, list(reg["models"][model]["sizes"]), binary,
+                 run or ROOT / "runs" / NAME / model, registered_limit(reg, model, source))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2-135m", help="a model of the registration")
+    parser.add_argument("--run", default=None, help="working folder (default runs/llama-cpp-curve-1/MODEL; "
+                        "--dry-run: a new temporary folder)")
+    parser.add_argument("--write", action="store_true", help="copy the results to docs/data (not with --dry-run)")
+    parser.add_argument("--dry-run", action="store_true", help="every phase on a tiny GGUF in minutes")
+    args = parser.parse_args(argv)
+    binary = Path(os.environ.get("LLAMA_CPP_BIN", ""))
+    if not all((binary / tool).is_file() for tool in ("llama-quantize", "llama-imatrix")):
+        raise SystemExit("set LLAMA_CPP_BIN to the folder holding llama-quantize, llama-imatrix and libllama.so")
+    if args.dry_run and args.write:
+        raise SystemExit("--dry-run writes to its own folder only")
+    s = setup(args.model, Path(args.run) if args.run else None, binary, args.dry_run)
+    start = time.perf_counter()
+    result = run_model(s, args.write)
+    log(f"{s.model}: done in {time.perf_counter() - start:.0f} s ({s.run})")
+    return result
+
+
+if __name__ == "__main__":
+    main()
