@@ -322,7 +322,7 @@ CASES = [
     Case("circuit", "circuit --pairs {d}/notext.jsonl --out {d}/c", "lacks clean, corrupt, answer, wrong"),
     Case("survive", "survive --model gpt2 --out {d}/s", "registers smollm2-135m, gemma3-270m only"),
     Case("survive", "survive --methods 'rtn:bits=9' --out {d}/s", "not in smollm2-135m's registered roster"),
-    Case("survive", "survive --stages induction,sae --out {d}/s", "choose from induction, circuits"),
+    Case("survive", "survive --stages induction,sae --out {d}/s", "choose from induction, circuits, features"),
     Case("survive", "survive --methods 'llama.cpp Q3_K_M' --llama-cpp {d}/nowhere --out {d}/s", "does not exist"),
     Case("circuit", "circuit --clean 'a b' --corrupt 'a c' --answer ' b' --wrong ' c' --top 0 --out {d}/c", "--top"),
 ]

@@ -7,10 +7,8 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-
 from test_components import build_family
 
-import interp
 from interp.data import Examples
 from interp.errors import DataError
 from interp.localize.dla import logit_attribution
@@ -62,7 +60,8 @@ def test_prefix_matching_is_the_pattern_entry_read_by_a_loop(model):
         expected = np.zeros(pm.shape[1:])
         for t in range(7, 13):
             expected += pattern[:, :, t, t - 6 + 1].numpy() / 6
-        np.testing.assert_allclose(pm[i], expected, rtol=0, atol=2.0**-23)  # attention_patterns hands back float32: each weight <= 1 rounded by <= 2^-25
+        # attention_patterns hands back float32: each weight <= 1 rounded by <= 2^-25, six of them averaged
+        np.testing.assert_allclose(pm[i], expected, rtol=0, atol=2.0**-23)
 
 
 def test_copying_is_dla_along_the_answer_minus_the_set_mean(model):

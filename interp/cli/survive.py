@@ -17,7 +17,7 @@ from interp.cli.common import add_checks, check_out, command, int_at_least
 from interp.errors import DataError
 
 MODELS = ("smollm2-135m", "gemma3-270m")
-STAGES = ("induction", "circuits")
+STAGES = ("induction", "circuits", "features")
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -46,6 +46,8 @@ def check_request(args: argparse.Namespace) -> None:
     bad = sorted(set(stages) - set(STAGES))
     if not stages or bad:
         raise DataError(f"--stages {args.stages}: choose from {', '.join(STAGES)} (comma-separated)")
+    if "features" in stages and args.model != "smollm2-135m":
+        raise DataError("--stages features: the registration trains SAEs on smollm2-135m only")
     entries = roster(args.model)
     if args.methods == "headline":
         labels = [e.label for e in entries if e.headline]
@@ -74,12 +76,12 @@ def check_request(args: argparse.Namespace) -> None:
          _args)
 def cmd_survive(args: argparse.Namespace) -> int:
     # imported on use: torch and the analyses take seconds to load; --help must not wait
-    from interp.figures.survival import unit_heatmap
     from interp.figures.style import export_static, save_html
+    from interp.figures.survival import unit_heatmap
     from interp.io import ensure_writable_dir, write_csv, write_text
     from interp.report.survival.page import analyse_model, model_section
-    from interp.runtime.distributed import pin_threads
     from interp.report.survival.run import run
+    from interp.runtime.distributed import pin_threads
 
     out = ensure_writable_dir(args.out)
     pin_threads(args.threads)
@@ -108,6 +110,7 @@ def cmd_survive(args: argparse.Namespace) -> int:
     write_text(out / "survival.md", text)
     if args.skipped:
         print(f"Left out (no llama.cpp build named; --llama-cpp DIR or LLAMA_CPP_BIN): {'; '.join(args.skipped)}")
-    print(f"Measured {len(args.labels)} quantized model(s) in {time.time() - start:.0f} s. Saved {out / 'survival.md'}, "
+    print(f"Measured {len(args.labels)} quantized model(s) in {time.time() - start:.0f} s. "
+          f"Saved {out / 'survival.md'}, "
           f"{len(figures)} figure(s) in {folder}, tables in {tables}.")
     return 0

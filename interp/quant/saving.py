@@ -204,8 +204,9 @@ def quant_record(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def read_quant_info(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The checked record of a saved quantized model (:func:`quant_record`), or ``None`` when there is none to
-    use: the folder is absent or incomplete, or its record is damaged (the caches then quantize it again)."""
+    """The checked record of a saved quantized model (:func:`~interp.quant.saving.quant_record`), or ``None`` when
+    there is none to use: the folder is absent or incomplete, or its record is damaged (the caches then quantize it
+    again)."""
     try:
         return quant_record(path)
     except DataError:
@@ -223,8 +224,8 @@ def load_quantized(reference: Model, path: str | os.PathLike[str]) -> Any:
     """A copy of ``reference`` carrying the quantized weights saved in ``path``.
 
     Raises:
-        DataError: the folder is missing or incomplete, or its ``quant.json`` is damaged (:func:`quant_record`
-            names the key).
+        DataError: the folder is missing or incomplete, or its ``quant.json`` is damaged
+            (:func:`~interp.quant.saving.quant_record` names the key).
         InterpError: it was made from another model, or its weights are not the ones its record describes.
 
     Example:

@@ -125,7 +125,7 @@ def decide(verdict_of: Callable[[dict[str, Estimate]], str], estimates: dict[str
 
 
 def share_statistic(keeps: Callable[[Any, np.ndarray], np.ndarray]) -> Callable[[Any, np.ndarray], np.ndarray]:
-    """A crossed-bootstrap statistic: the share of units a per-unit rule ``keeps(data, rows) -> [boot, units]`` keeps."""
+    """A crossed-bootstrap statistic: the share of units a rule ``keeps(data, rows) -> [boot, units]`` keeps."""
     def statistic(data: Any, rows: np.ndarray) -> np.ndarray:
         return keeps(data, rows).mean(axis=-1)
     return statistic
@@ -170,7 +170,8 @@ def reference_heads(ref: dict[str, np.ndarray], rules: dict[str, Any], n_boot: i
     for layer, head in zip(*np.nonzero(mean_pm >= bar), strict=True):
         c = crossed_bootstrap([cp[:, layer, head]], lambda d, r: d[r].mean(axis=-1), len(cp), n_boot, seed).estimate
         induction = bool(c.low > 0)
-        rows.append({"head": f"{layer}.{head}", "layer": int(layer), "index": int(head), "pm": float(mean_pm[layer, head]),
+        rows.append({"head": f"{layer}.{head}", "layer": int(layer), "index": int(head),
+                     "pm": float(mean_pm[layer, head]),
                      "cp": c.value, "cp_low": c.low, "cp_high": c.high, "induction head": induction})
         if induction:
             heads.append((int(layer), int(head)))
@@ -198,9 +199,9 @@ def _d_statistic(data: Any, rows: np.ndarray) -> np.ndarray:
 def induction_analysis(folder: Any, model: str, reg: dict[str, Any], seeds: Sequence[int] | None = None
                        ) -> dict[str, Any]:
     """Every induction table and verdict of the registration for ``model`` from ``folder`` (the raw data)."""
-    import pandas as pd
-
     from pathlib import Path
+
+    import pandas as pd
 
     rules, iv = reg["induction"], reg["intervals"]
     n_boot, seed = int(iv["n_boot"]), int(iv["seed"])
@@ -213,7 +214,7 @@ def induction_analysis(folder: Any, model: str, reg: dict[str, Any], seeds: Sequ
     for label, files in methods.items():
         data = [_load(p) for _, p in files]
         for layer, head in heads:
-            def stats(s: int, layer: int = layer, head: int = head) -> dict[str, Estimate]:
+            def stats(s: int, layer: int = layer, head: int = head, data: list[Any] = data) -> dict[str, Estimate]:
                 return {k: ratio_of_means([d[k] for d in data], ref[k], (layer, head), n_boot, s).estimate
                         for k in ("pm", "cp")}
             est = stats(seed)
@@ -246,9 +247,10 @@ def induction_analysis(folder: Any, model: str, reg: dict[str, Any], seeds: Sequ
         gptq_pm = [_load(p)["pm"][(slice(None), *index)] for _, p in methods[gptq]]
         ref_pm = ref["pm"][(slice(None), *index)]
 
-        def d_est(s: int) -> dict[str, Estimate]:
-            return {"D": crossed_bootstrap([(g, rtn_pm, ref_pm) for g in gptq_pm], _d_statistic, len(ref_pm), n_boot,
-                                           s).estimate}
+        inputs = [(g, rtn_pm, ref_pm) for g in gptq_pm]
+
+        def d_est(s: int, inputs: list[Any] = inputs, n: int = len(ref_pm)) -> dict[str, Estimate]:
+            return {"D": crossed_bootstrap(inputs, _d_statistic, n, n_boot, s).estimate}
         rows = {r["head"]: r["verdict"] for r in survival if r["method"] == rtn}
         rows_g = {r["head"]: r["verdict"] for r in survival if r["method"] == gptq}
         as_gpt2 = all(v == "loses its role" for v in rows.values()) and all(v == "keeps its role"
@@ -336,7 +338,7 @@ def circuit_analysis(folder: Any, model: str, task: str, reg: dict[str, Any], se
         data = [_load(p) for _, p in files]
         verdicts = []
         for i in judged:
-            def est(s: int, i: int = i) -> dict[str, Estimate]:
+            def est(s: int, i: int = i, data: list[Any] = data) -> dict[str, Estimate]:
                 return {"ratio": crossed_bootstrap([(d["effects"][i], effects[i]) for d in data], _ratio, n, n_boot,
                                                    s).estimate}
             point = est(seed)

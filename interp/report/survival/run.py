@@ -41,9 +41,9 @@ from interp.report.survival import circuits as cc
 from interp.report.survival import units
 from interp.report.survival.induction import induction_scores
 from interp.report.survival.registration import check_model, registration, sha256
-from interp.report.survival.roster import Entry, make, roster
+from interp.report.survival.roster import make, roster
 
-STAGES = ("induction", "circuits")
+STAGES = ("induction", "circuits", "features")
 TASKS = ("ioi", "capitals")
 VARIANTS = {"named": ("gate", "down"), "control": ("up", "q", "k", "v", "o")}  # the registration's two variants
 
@@ -93,7 +93,8 @@ def _start_record(folder: Folder, model: str) -> None:
                           f"{meta.get('model')}); give this run its own --out folder")
     done = sorted(str(p.relative_to(folder.out)) for p in folder.out.rglob("*.safetensors"))
     meta["starts"].append({"commit": _commit(), "cpu": cpu_identity(), "kernels": kernels("cpu"),
-                           "threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                           "threads": torch.get_num_threads(),
+                           "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                            "files_done": len(done)})
     write_json(path, meta)
 
@@ -177,13 +178,17 @@ def measure(folder: Folder, model: Any, unit_id: str, stages: Sequence[str], con
             return out
 
         folder.tensors(folder.path("induction", f"{name}.safetensors"), scores)
+    if "features" in stages and unit_id != "reference":
+        from interp.report.survival.features import latent_survival
+
+        latent_survival(context["reference"], model, context["saes"], context["held_out"], folder.out, unit_id)
     if "circuits" in stages:
         for task in TASKS:
             pairs, sets, edges = context["circuits"][task]
             if edges is None:
                 continue
             m = pairs.take(sets["measurement"])
-            folder.tensors(folder.path("circuits", task, f"{name}.safetensors"), lambda: dict(zip(
+            folder.tensors(folder.path("circuits", task, f"{name}.safetensors"), lambda m=m, edges=edges: dict(zip(
                 ("effects", "clean"), cc.edge_effects(model, m.clean, m.corrupt, m.answers, m.wrongs, edges),
                 strict=True)))
 
@@ -194,6 +199,8 @@ def _done(folder: Folder, unit_id: str, stages: Sequence[str], context: dict[str
     if "circuits" in stages:
         files += [folder.path("circuits", t, f"{name}.safetensors") for t in TASKS if context["circuits"][t][2]
                   is not None]
+    if "features" in stages:
+        files += [folder.path("features", f"{name}-L{layer}.safetensors") for layer in context["saes"]]
     return all(f.is_file() for f in files)
 
 
@@ -247,6 +254,15 @@ def run(model_name: str, out: str | Path, stages: Sequence[str] = STAGES, only: 
             edges = _reference_circuit(folder, reference, task, pairs, sets) if sets["reading"] != "not measured" \
                 else None
             context["circuits"][task] = (pairs, sets, edges)
+    if "features" in stages:
+        if model_name != "smollm2-135m":
+            raise DataError("the registration measures features on smollm2-135m only")
+        from interp.report.survival.features import feature_rows, prepare_saes
+
+        context["reference"] = reference
+        context["saes"] = prepare_saes(reference, folder.out, cache_dir() / "survival-sae", registration(),
+                                       progress=progress)
+        context["held_out"] = feature_rows(reference.tokenizer, registration())["held_out"]
     measure(folder, reference, "reference", stages, context)
     entries = [e for e in roster(model_name) if only is None or e.label in only]
     for entry in entries:

@@ -108,7 +108,7 @@ def tie_analysis(folder: Any, model: str, family: str, units: np.ndarray, reg: d
             continue
         n = len(per_instance[0][2][0])
 
-        def est(s: int) -> dict[str, Estimate]:
+        def est(s: int, per_instance: list[Any] = per_instance, n: int = n) -> dict[str, Estimate]:
             return {"T": crossed_bootstrap(per_instance, _t_statistic(threshold), n, n_boot, s).estimate}
         point = est(seed)
         decision = decide(lambda e: band_verdict(e["T"], "gate and down carry it", "the other weights carry more",
