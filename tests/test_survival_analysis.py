@@ -8,8 +8,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from interp.report.survival.analyse import (circuit_analysis, decide, edge_verdict, head_verdict,
-                                            induction_analysis, ratio_of_means)
+from interp.report.survival.analyse import (
+    circuit_analysis,
+    decide,
+    edge_verdict,
+    head_verdict,
+    induction_analysis,
+    ratio_of_means,
+)
 from interp.report.survival.registration import registration
 from interp.report.survival.run import file_name
 from interp.stats import Estimate
