@@ -1,0 +1,303 @@
+"""llama-cpp-curve-1 (issue 47): the registered analysis on synthetic per-token data with known answers, the page
+section against the committed data, and (with a llama.cpp build) the run's dry run end to end.
+
+- :func:`resampled_percentiles` is ``numpy.percentile`` of each resample's positions, to the bit.
+- Plans whose per-token KL is an exact multiple of the baseline's give that multiple as every ratio and every
+  interval end; the verdicts follow the registered words at and around their thresholds, and a tail that is
+  worse (a spike in p99.9, a lower same-top-token rate) stops the goal.
+- The deciding bound is the interval end nearest its threshold in Monte Carlo SEs, read "on the boundary"
+  within 2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "docs"))
+
+import build_llama_cpp_curve as page_builder  # noqa: E402
+import llama_cpp_curve_analysis as curve  # noqa: E402
+
+from interp.stats import Estimate, bootstrap_indices  # noqa: E402
+
+BUILD = os.environ.get("LLAMA_CPP_BIN", "")
+NO_BUILD = ("needs a llama.cpp build (LLAMA_CPP_BIN: llama-quantize, llama-imatrix, libllama.so; `make llama-cpp`) "
+            "and llama-cpp-python's llama_cpp package importable (PYTHONPATH)")
+HAVE_BUILD = bool(BUILD) and importlib.util.find_spec("llama_cpp") is not None
+
+
+# ---------------------------------------------------------------------------------------
+# Percentiles of resampled positions
+
+
+@pytest.mark.parametrize("n,width,ties", [(8, 5, False), (24, 127, True), (3, 2, True)])
+def test_resampled_percentiles_equal_numpy_on_every_resample(n, width, ties):
+    rng = np.random.default_rng(n)
+    values = rng.exponential(size=(n, width)).astype(np.float32).astype(np.float64)
+    if ties:
+        values = np.round(values, 1)  # many equal values: the order statistics must still be numpy's
+    rows = bootstrap_indices(n, 200, seed=1)
+    qs = (99.0, 99.9, 50.0, 0.0, 100.0)
+    got = curve.resampled_percentiles(values, rows, qs)
+    want = np.array([[np.percentile(values[r].ravel(), q) for q in qs] for r in rows])
+    assert np.array_equal(got, want)
+    everything = np.arange(n)[None]
+    assert np.array_equal(curve.resampled_percentiles(values, everything, qs)[0], [np.percentile(values, q)
+                                                                                  for q in qs])
+
+
+def test_a_resample_without_the_top_values_reads_deeper():
+    """One example holds every large value; resamples that leave it out need the whole order, not the top."""
+    values = np.vstack([np.full(50, 100.0) + np.arange(50), np.random.default_rng(0).random((7, 50))])
+    rows = np.array([[1, 2, 3, 4, 5, 6, 7, 1], [0, 0, 0, 0, 0, 0, 0, 0], [0, 1, 2, 3, 4, 5, 6, 7]])
+    got = curve.resampled_percentiles(values, rows, (99.0, 99.9, 10.0))
+    want = np.array([[np.percentile(values[r].ravel(), q) for q in (99.0, 99.9, 10.0)] for r in rows])
+    assert np.array_equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------
+# Synthetic files with known answers
+
+
+N, WIDTH, SEEDS = 64, 20, (41, 42, 43)
+
+
+def _file(tokens: np.ndarray, same: np.ndarray | None = None, nbytes: int = 1000) -> curve.FileScores:
+    same = np.ones(tokens.shape, dtype=bool) if same is None else same
+    return curve.FileScores(tokens.mean(axis=1), tokens, same, nbytes)
+
+
+def _bases(seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(0.5, 1.5, size=(N, WIDTH)) for _ in SEEDS]
+
+
+def _pairs(plans: list[curve.FileScores], bases: dict[str, list[curve.FileScores]]) -> dict[str, list[curve.Pair]]:
+    return {b: list(zip(plans, files, strict=True)) for b, files in bases.items()}
+
+
+def _judge(plans: list[np.ndarray], bases: dict[str, list[np.ndarray]], same: float = 1.0) -> dict:
+    design = curve.Design(["Q4_K_M"], {"Q4_K_M": True}, SEEDS, n_boot=300, mc_seeds=(1, 2, 3, 4))
+    mask = np.random.default_rng(5).random((N, WIDTH)) < same
+    files = {b: [_file(x) for x in v] for b, v in bases.items()}
+    return curve.judged_comparison(_pairs([_file(p, mask) for p in plans], files), design)
+
+
+def test_a_plan_at_half_the_baselines_kl_everywhere_is_the_goal_with_every_ratio_exact():
+    """Per-token KL exactly half each seed's baseline's (a power of two: exact in floating point): R is 0.5 and
+    every tail ratio 0.5 in every resample, so each interval is the point."""
+    bases = {"interp": _bases(0), "llama": _bases(1)}
+    out = _judge([0.5 * b for b in bases["interp"]], bases)
+    e = out["estimates"]
+    for name in ("R_interp", "p99_interp", "p999_interp"):
+        assert e[name]["estimate"] == e[name]["low"] == e[name]["high"] == 0.5
+        assert e[name]["per_seed"] == [0.5, 0.5, 0.5]
+    assert e["same_top_interp"]["estimate"] == e["same_top_llama"]["estimate"] == 0.0
+    assert out["verdict"] == curve.GOAL and out["tails_worse"] == {"interp": [], "llama": []}
+
+
+def test_a_plan_worse_than_the_baseline_loses():
+    bases = {"interp": _bases(0), "llama": _bases(0)}
+    out = _judge([1.25 * b for b in bases["interp"]], bases)
+    assert out["estimates"]["R_interp"]["high"] == pytest.approx(-0.25, abs=1e-12)
+    assert out["verdict"] == curve.LOSES
+
+
+def test_a_worse_tail_stops_the_goal():
+    """A quarter of the baseline's KL but 1% of positions spiking to 10: the mean falls by about 65% (the goal's
+    reduction), the 99.9th percentile rises about sevenfold (worse), so the verdict is 'beats', not the goal."""
+    bases = {"interp": _bases(0), "llama": _bases(1)}
+    plans = []
+    for b in bases["interp"]:
+        p = 0.25 * b
+        p[np.arange(13), np.arange(13) % WIDTH] = 10.0
+        plans.append(p)
+    out = _judge(plans, bases)
+    assert out["estimates"]["R_interp"]["low"] >= 0.30 and out["estimates"]["R_llama"]["low"] >= 0.30
+    assert out["estimates"]["p999_interp"]["low"] > 1 and "p999" in out["tails_worse"]["llama"]
+    assert out["verdict"] == curve.BEATS
+
+
+def test_a_lower_same_top_token_rate_is_worse():
+    bases = {"interp": _bases(0), "llama": _bases(1)}
+    out = _judge([0.5 * b for b in bases["interp"]], bases, same=0.9)
+    assert out["estimates"]["same_top_interp"]["high"] < 0
+    assert out["tails_worse"] == {"interp": ["same_top"], "llama": ["same_top"]}
+    assert out["verdict"] == curve.BEATS
+
+
+def test_the_goal_needs_both_baselines():
+    """At half of interp-imatrix's KL but 0.9x llama-imatrix's, R_llama's lower end is 0.1: 'beats', not the goal;
+    at 1.1x llama-imatrix's it 'loses' (either baseline suffices)."""
+    interp_base = _bases(0)
+    for factor, expected in ((0.9, curve.BEATS), (1.1, curve.LOSES)):
+        llama_base = [0.5 * b / factor for b in interp_base]
+        out = _judge([0.5 * b for b in interp_base], {"interp": interp_base, "llama": llama_base})
+        assert out["estimates"]["R_llama"]["estimate"] == pytest.approx(1 - factor, abs=1e-12)
+        assert out["verdict"] == expected
+
+
+def test_noise_around_the_baseline_is_not_resolved():
+    rng = np.random.default_rng(3)
+    bases = {"interp": _bases(0), "llama": _bases(1)}
+    out = _judge([b * rng.uniform(0.5, 1.5, size=(N, 1)) for b in bases["interp"]], bases)
+    r = out["estimates"]["R_interp"]
+    assert r["low"] < 0 < r["high"] and out["verdict"] == curve.UNRESOLVED
+
+
+@pytest.mark.parametrize("low,high,expected", [(0.30, 0.5, curve.GOAL), (0.2999, 0.5, curve.BEATS),
+                                               (1e-9, 0.5, curve.BEATS), (0.0, 0.5, curve.UNRESOLVED),
+                                               (-0.2, 0.0, curve.UNRESOLVED), (-0.2, -1e-9, curve.LOSES)])
+def test_verdict_words_at_their_thresholds(low, high, expected):
+    good = Estimate(0.5, 0.4, 0.6)
+    est = {"R_interp": Estimate((low + high) / 2, low, high), "R_llama": good}
+    for b in ("interp", "llama"):
+        est |= {f"p99_{b}": Estimate(0.9, 0.8, 1.0), f"p999_{b}": Estimate(0.9, 0.8, 1.0),
+                f"same_top_{b}": Estimate(0.0, -0.01, 0.0)}  # ends exactly at their thresholds: not worse
+    assert curve.verdict(est) == expected
+    assert curve.verdict({"R_plain": est["R_interp"]}, ["plain"], tails=False) == expected
+
+
+def test_the_deciding_bound_is_the_end_nearest_its_threshold_in_monte_carlo_errors():
+    def record(r_low: float, p_low: float) -> dict:
+        est = {"R_interp": (0.40, r_low, 0.50), "R_llama": (0.45, 0.40, 0.50), "p99_interp": (0.9, p_low, 1.1),
+               "p999_interp": (0.9, 0.5, 1.2), "same_top_interp": (0.0, -0.01, 0.01),
+               "p99_llama": (0.9, 0.5, 1.2), "p999_llama": (0.9, 0.5, 1.2), "same_top_llama": (0.0, -0.01, 0.01)}
+        return {k: {"estimate": v[0], "low": v[1], "high": v[2]} for k, v in est.items()}
+
+    registered = record(0.31, 0.95)
+    replicas = [record(0.31 + d, 0.95 + d / 10) for d in (-0.01, 0.0, 0.01)]  # R_interp.low's MC SE 0.01
+    out = curve.deciding_bound(curve.verdict, registered, replicas)
+    bound = out["deciding_bound"]
+    assert out["verdict"] == curve.GOAL and bound["bound"] == "R_interp.low" and bound["threshold"] == 0.30
+    assert bound["mc_se"] == pytest.approx(0.01) and bound["distance_se"] == pytest.approx(1.0)
+    assert out["reading"] == f"on the boundary: {curve.GOAL} / {curve.BEATS}"
+    # 10 SEs from 0.30; p99_interp.low (0.05 below 1) and R_llama.low do not move over the replicas: infinitely far
+    far = curve.deciding_bound(curve.verdict, record(0.40, 0.95), [record(0.40 + d, 0.95) for d in (-0.01, 0.01)])
+    assert far["deciding_bound"]["bound"] == "R_interp.low" and far["reading"] == curve.GOAL
+    assert far["deciding_bound"]["distance_se"] == pytest.approx(10 / math.sqrt(2))
+
+
+def test_a_model_is_analysed_size_by_size_with_its_diagnostic_and_unfitted_sizes(tmp_path):
+    """Two sizes: Q4_K_M judged, Q6_K a diagnostic (not judged) where the tail arm has no plan. The headline counts
+    only judged sizes; every file gets a Pareto row; additivity is realized over predicted."""
+    design = curve.Design(["Q4_K_M", "Q6_K"], {"Q4_K_M": True, "Q6_K": False}, SEEDS, n_boot=200, mc_seeds=(1, 2, 3),
+                          no_plan={"Q6_K": ["plan_tail"]})
+    scores = {}
+    for i, size in enumerate(design.sizes):
+        bases = _bases(i)
+        scores[curve.stem(curve.PLAIN, size)] = _file(1.5 * bases[0], nbytes=900)
+        for kind, scale in (("mix_interp_imatrix", 1.0), ("mix_llama_imatrix", 1.0), ("plan_mean", 0.5),
+                            ("plan_tail", 0.5)):
+            for seed, b in zip(SEEDS, bases, strict=True):
+                if not (size == "Q6_K" and kind == "plan_tail"):
+                    scores[curve.stem(kind, size, seed)] = _file(scale * b, nbytes=899)
+    predicted = {curve.stem("plan_mean", "Q4_K_M", s): float(scores[curve.stem("plan_mean", "Q4_K_M", s)].kl.mean())
+                 for s in SEEDS}
+    result = curve.analyse_model(scores, design, predicted)
+    assert result["primary"]["Q4_K_M"]["plan_mean"]["verdict"] == curve.GOAL
+    assert result["primary"]["Q6_K"]["plan_mean"]["status"] == curve.NOT_JUDGED
+    assert result["primary"]["Q6_K"]["plan_tail"]["status"] == curve.NO_PLAN
+    assert result["headline"]["plan_mean"][curve.GOAL] == 1 and result["headline"]["plan_tail"][curve.NO_PLAN] == 1
+    bases = _bases(0)
+    expected = np.mean([1 - (0.5 * b).mean() / (1.5 * bases[0]).mean() for b in bases])
+    plain = result["secondary"]["against_plain"]["Q4_K_M"]["plan_mean"]["estimates"]["R_plain"]
+    assert plain["estimate"] == pytest.approx(expected, rel=1e-12)
+    assert result["secondary"]["imatrix_choice"]["Q4_K_M"]["estimate"] == 0.0
+    assert len(result["pareto"]) == 5 + 4 and all(x["ratio"] == 1.0 for x in result["secondary"]["additivity"])
+    sizes = {"Q4_K_M": {"bytes": 900, "judged": True}, "Q6_K": {"bytes": 900, "judged": False}}
+    section = page_builder.model_section("smollm2-135m", {**result, "sizes": {"sizes": sizes}, "n_boot": 200,
+                                                          "examples": {"heldout_ids": list(range(N))}})
+    assert f"**{curve.GOAL}" in section and curve.NO_PLAN in section and "Not run yet" not in section
+
+
+# ---------------------------------------------------------------------------------------
+# The page
+
+
+def test_the_curve_section_is_generated_from_the_committed_data():
+    page = (ROOT / "docs" / "prescribe.md").read_text()
+    assert page_builder.render(page) == page, "run: python docs/build_llama_cpp_curve.py --write"
+    block = page[page.index("<!-- curve1:begin -->"):page.index("<!-- curve1:end -->")]
+    data = page_builder.results()
+    for model in page_builder.MODELS:
+        assert (f"#### {model}\n\nNot run yet" in block) == (model not in data)
+    edited = page.replace(block, block.replace("####", "#####", 1))
+    assert edited != page and page_builder.render(edited) == page
+
+
+def test_committed_curve_results_recompute_from_their_scores():
+    """Each committed model's registered (seed-0) estimates, recomputed from its committed per-example and
+    per-token scores."""
+    import llama_cpp_curve as bench
+
+    data = page_builder.results()
+    if not data:
+        pytest.skip("no committed llama-cpp-curve-1 result yet (the run has not been made)")
+    for model, result in data.items():
+        folder = page_builder.DATA / model
+        assert result["registration_sha256"] == bench.plans.registration(bench.NAME)[1]
+        for size, arms in result["primary"].items():
+            names = [curve.stem(k, size, s) for s in result["seeds"] for k in (*curve.BASELINES.values(), *curve.ARMS)
+                     if (folder / "scores" / f"{curve.stem(k, size, s)}.parquet").exists()]
+            scores = bench.load_scores(folder / "scores", names)
+            base = {b: [scores[curve.stem(k, size, s)] for s in result["seeds"]] for b, k in curve.BASELINES.items()}
+            for arm, p in arms.items():
+                if "estimates" not in p:
+                    continue
+                plans = [scores[curve.stem(arm, size, s)] for s in result["seeds"]]
+                again = curve.estimates(_pairs(plans, base), result["n_boot"], 0)
+                for name, value in p["estimates"].items():
+                    for key in ("estimate", "low", "high"):
+                        assert again[name][key] == pytest.approx(value[key], rel=1e-9, abs=1e-15)
+
+
+# ---------------------------------------------------------------------------------------
+# The dry run, end to end
+
+
+@pytest.mark.skipif(not HAVE_BUILD, reason=NO_BUILD)
+def test_the_dry_run_makes_every_phase_and_resumes(tmp_path, monkeypatch):
+    """Every phase on the tiny GGUF (2 sizes, 8 held-out examples, 2 seeds): each plan's file is at most every
+    baseline of its seed and holds its tensor-type file's types; every file has per-position scores; a second run
+    finds everything made and gives the same result."""
+    import llama_cpp_curve as bench
+    from safetensors.numpy import load_file
+
+    from interp.quant.llama_cpp import read_tensor_types
+    from interp.quant.llama_cpp_run import block_types
+
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", BUILD)
+    run = tmp_path / "dry"
+    result = bench.main(["--dry-run", "--run", str(run)])
+    sizes = result["sizes"]["sizes"]
+    assert list(sizes) == ["Q2_K", "Q4_K_M"] and all(v["judged"] for v in sizes.values())
+    for name, plan in result["plans"].items():
+        assert plan["fits"] and plan["bytes"] <= plan["limit"] == min(
+            (run / "gguf" / f"{n}.gguf").stat().st_size for n in (
+                curve.stem(curve.PLAIN, name.split("-")[1]),
+                *(curve.stem(k, name.split("-")[1], int(name.split("-")[2])) for k in curve.BASELINES.values())))
+        planned = {p.replace("\\", ""): t for p, t in read_tensor_types(run / f"{name}.txt")}
+        assert {k: t for k, (t, _) in block_types(run / "gguf" / f"{name}.gguf").items()} == planned
+    for path in (run / "scores").glob("*.safetensors"):
+        arrays = load_file(str(path))
+        assert arrays["kl"].shape == (8, 127) and arrays["kl"].dtype == np.float32 and arrays["same_top"].max() <= 1
+    assert len(list((run / "scores").glob("*.parquet"))) == 2 * (1 + 2 * 2 + 2 * 2)
+    assert sum(sum(c.values()) for c in result["headline"].values()) == 2 * 2
+    assert set(result["examples"]["heldout_ids"]).isdisjoint(bench.earlier_ids(bench.OUT))
+    made = {p: p.stat().st_mtime_ns for p in run.rglob("*.gguf")}
+    again = bench.main(["--dry-run", "--run", str(run)])
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*.gguf")} == made  # nothing remade
+    assert json.dumps(again["primary"], sort_keys=True) == json.dumps(result["primary"], sort_keys=True)
+    assert len(json.loads((run / "run.json").read_text())["starts"]) == 2
+    assert "dry-run" in page_builder.model_section("dry-run", again)
