@@ -22,6 +22,7 @@ Follows ``docs/preregistration/llama-cpp-curve-1.json`` (read here, never edited
 
 Every phase writes its result as it finishes, so a killed run resumes where it stopped; ``run.json``
 records each (re)start with the commit, the registration's SHA-256, the CPU and its flags and torch's kernels.
+Scoring uses ``LLAMA_THREADS`` threads (default 1: the logits do not depend on it, see :func:`run_model`).
 
     LLAMA_CPP_BIN=/path/to/build/bin PYTHONPATH=/folder/holding/llama_cpp \\
         python benchmarks/llama_cpp_curve.py --model smollm2-135m [--write]
@@ -125,7 +126,7 @@ def record_start(s: Setup) -> dict[str, Any]:
     record["starts"].append({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": commit, "argv": sys.argv[1:],
                              "cpu": cpu(), "torch_kernels": torch.backends.cpu.get_cpu_capability(),
                              "torch_threads": torch.get_num_threads(),
-                             "llama_threads": int(os.environ.get("LLAMA_THREADS", "2"))})
+                             "llama_threads": int(os.environ["LLAMA_THREADS"])})
     write_json(path, record)
     return record
 
@@ -361,7 +362,7 @@ def score_group(s: Setup, names: list[str], rows: torch.Tensor) -> None:
     from llama_cpp import Llama
     from safetensors.numpy import save_file
 
-    threads = int(os.environ.get("LLAMA_THREADS", "2"))
+    threads = int(os.environ.get("LLAMA_THREADS", "1"))
 
     def load(path: Path) -> Any:
         return Llama(model_path=str(path), n_ctx=rows.shape[1], n_batch=rows.shape[1], n_threads=threads,
@@ -472,6 +473,11 @@ def publish(s: Setup, result: dict[str, Any], out: Path) -> None:
 
 def run_model(s: Setup, write: bool) -> dict[str, Any]:
     os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(s.binary))  # before anything imports llama_cpp
+    # One scoring thread unless told: llama.cpp's logits are the same bits with 1 or 2 threads (SmolLM2's
+    # reference, Q4_K_M and Q2_K files; tests/test_llama_cpp_curve.py on the tiny model), and on 2 shared cores
+    # its 2 threads spin at each barrier while the other waits for a core: 1-9 s an example where 1 thread
+    # took 0.5 s (SmolLM2, load 4.5, 2026-12-05).
+    os.environ.setdefault("LLAMA_THREADS", "1")
     record_start(s)
     sizes = phase_mixes(s)
     log(f"sizes judged: {[k for k, v in sizes['sizes'].items() if v['judged']]}")

@@ -301,3 +301,30 @@ def test_the_dry_run_makes_every_phase_and_resumes(tmp_path, monkeypatch):
     assert json.dumps(again["primary"], sort_keys=True) == json.dumps(result["primary"], sort_keys=True)
     assert len(json.loads((run / "run.json").read_text())["starts"]) == 2
     assert "dry-run" in page_builder.model_section("dry-run", again)
+
+
+@pytest.mark.skipif(not HAVE_BUILD, reason=NO_BUILD)
+def test_llama_cpp_logits_do_not_depend_on_the_thread_count(tmp_path, monkeypatch):
+    """The run scores with one thread by default (LLAMA_THREADS): the tiny model's logits are the same bits with
+    1 and 2 threads, for the F32 file and a K-quant mix."""
+    from tiny_gguf import write_tiny_gguf
+
+    from interp.quant.llama_cpp_run import quantize
+
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", BUILD)
+    from llama_cpp import Llama
+
+    source = write_tiny_gguf(tmp_path / "tiny.gguf")
+    mix = quantize(Path(BUILD), source, tmp_path / "q3_k_m.gguf", "Q3_K_M")
+    rows = np.random.default_rng(0).integers(3, 259, size=(2, 64)).tolist()
+    for path in (source, mix):
+        logits = []
+        for threads in (1, 2):
+            llm = Llama(model_path=str(path), n_ctx=64, n_batch=64, n_threads=threads, n_threads_batch=threads,
+                        logits_all=True, verbose=False)
+            for row in rows:
+                llm.reset()
+                llm.eval(row)
+                logits.append(np.array(llm.scores[:63], dtype=np.float32))
+            llm.close()
+        assert np.array_equal(np.stack(logits[:2]), np.stack(logits[2:]))
