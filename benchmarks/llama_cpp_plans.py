@@ -595,6 +595,9 @@ def main() -> None:
     if not (binary / "llama-quantize").is_file():
         raise SystemExit("set LLAMA_CPP_BIN to the folder holding llama-quantize and libllama.so")
     reg, sha = registration(args.registration)
+    if "models" in reg:  # llama-cpp-curve-1 on: a size curve per model, this module's functions driven per model
+        raise SystemExit(f"{args.registration} is run one model at a time by benchmarks/llama_cpp_curve.py "
+                         f"--model {' or '.join(reg['models'])}")
     run = Path(args.run or f"runs/{args.registration}")
     run.mkdir(parents=True, exist_ok=True)
     if "imatrix" in reg:
