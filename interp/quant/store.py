@@ -333,6 +333,9 @@ class ScoreStore:
         """Store one batch's per-token NLL ``[B, T-1]`` (float32) as one parquet file, atomically."""
         import hashlib
 
+        if values.ndim != 2 or len(ids) != values.shape[0]:
+            raise DataError(f"write_token_nll stores one row of per-token NLL per example id: got {len(ids)} id(s) "
+                            f"for values of shape {list(values.shape)}")
         folder = self._token_dir(model, spec)
         frame = pd.DataFrame(values.float().numpy(), index=pd.Index([str(i) for i in ids], name="example"),
                              columns=[f"t{t + 1}" for t in range(values.shape[1])])

@@ -78,6 +78,7 @@ class WeightStash:
         return self.folder / f"block{layer}.safetensors"
 
     def save(self, layer: int) -> None:
+        (layer,) = hooks.check_layers(self.model, [layer])  # a layer the model lacks is a ComponentError
         if layer in self.saved:
             return
         with placement.onloaded(self.model, [layer]):
