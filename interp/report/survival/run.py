@@ -265,6 +265,8 @@ def run(model_name: str, out: str | Path, stages: Sequence[str] = STAGES, only: 
         context["held_out"] = feature_rows(reference.tokenizer, registration())["held_out"]
     measure(folder, reference, "reference", stages, context)
     entries = [e for e in roster(model_name) if only is None or e.label in only]
+    if only is not None:  # the order the user named: the rows wanted first are measured first
+        entries.sort(key=lambda e: list(only).index(e.label))
     for entry in entries:
         for instance, unit_id in zip(entry.instances, entry.ids(), strict=True):
             wanted = [unit_id] + ([f"{unit_id}#{v}" for v in VARIANTS] if variants and entry.label in tie_labels()
