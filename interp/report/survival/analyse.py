@@ -327,10 +327,10 @@ def circuit_analysis(folder: Any, model: str, task: str, reg: dict[str, Any], se
     for i, row in table.reset_index(drop=True).iterrows():
         e = crossed_bootstrap([effects[i]], _mean, n, n_boot, seed).estimate
         sign = np.sign(row["selection_effect"])
-        judged = bool((e.low > 0 and sign > 0) or (e.high < 0 and sign < 0))
+        is_judged = bool((e.low > 0 and sign > 0) or (e.high < 0 and sign < 0))
         edges.append({"edge": row["edge"], "sender": row["sender"], "receiver": row["receiver"], "eap": row["eap"],
                       "selection_effect": row["selection_effect"], "effect": e.value, "effect_low": e.low,
-                      "effect_high": e.high, "judged": judged})
+                      "effect_high": e.high, "judged": is_judged})
     edges_frame = pd.DataFrame(edges)
     judged = [i for i, e in enumerate(edges) if e["judged"]]
     per_edge, per_method, lost_rows = [], [], []

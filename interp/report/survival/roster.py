@@ -97,6 +97,8 @@ def make(reference: Any, model: str, entry: Entry, instance: str, work: Path, bu
 
     work.mkdir(parents=True, exist_ok=True)
     source = run.gguf_source(model)
+    if source is None:
+        raise ToolError(f"{model} has no GGUF file for llama-quantize to start from")
     f32 = work / "reference-f32.gguf"
     if not f32.is_file():
         run.quantize(build, source, f32, "F32", "--allow-requantize")
