@@ -127,7 +127,7 @@ def model_section(folder: Path, model: str, results: dict[str, Any]) -> str:
         surv = ind["survival"]
         if not surv.empty:
             grid = surv.pivot(index="method", columns="head", values="verdict").reindex(
-                list(dict.fromkeys(surv["method"])))
+                list(dict.fromkeys(surv["method"])))[list(dict.fromkeys(surv["head"]))]  # layer order, not text order
             lines.append("\nPer head (r_PM, r_CP intervals in the CSV beside the raw data):\n\n"
                          + _table(grid.reset_index().rename(columns={"method": "quantized model"})))
         contrast = ind["rtn_vs_gptq"]
