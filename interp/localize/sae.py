@@ -242,6 +242,7 @@ class JumpReLUSAE(SparseAutoencoder):
     """``z = pre * (pre > threshold)``, one threshold per latent (SAELens's ``jumprelu``)."""
 
     architecture: ClassVar[str] = "jumprelu"
+    # host: an empty placeholder default; a loaded or built SAE replaces it with its own tensor
     threshold: Float[Tensor, " d_sae"] = field(default_factory=lambda: torch.zeros(0))
 
     def _extra_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -391,8 +392,10 @@ def load_sae(folder: str | os.PathLike[str]) -> SparseAutoencoder:
     cfg = _read_cfg(where)
     name = _architecture(cfg, where)
     cls = ARCHITECTURES[name]
+    # host: a 1 x 1 placeholder SAE, only to list the tensor names the architecture stores
     tensors = _read_tensors(where, tuple(cls(W_enc=torch.zeros(1, 1), b_enc=torch.zeros(1), W_dec=torch.zeros(1, 1),
-                                              b_dec=torch.zeros(1), **_placeholder(name))._tensors()))
+                                              b_dec=torch.zeros(1),  # host: the placeholder's last tensor
+                                              **_placeholder(name))._tensors()))
     extra: dict[str, Any] = {"k": _k(cfg, where)} if name == "topk" else {}
     ours = cfg.get("interp") or {}
     scale = ours.get("input_scale", 1.0)
@@ -412,4 +415,5 @@ def load_sae(folder: str | os.PathLike[str]) -> SparseAutoencoder:
 
 def _placeholder(name: str) -> dict[str, Any]:
     """Arguments that make a 1 x 1 SAE of architecture ``name`` (to list the tensors its files hold)."""
+    # host: a placeholder that lists tensor names only
     return {"k": 1} if name == "topk" else {"threshold": torch.zeros(1)} if name == "jumprelu" else {}

@@ -275,9 +275,10 @@ def load_activations(folder: str | os.PathLike[str], layer: int, rows: Sequence[
     manifest = _read_manifest(real)
     if layer not in manifest["layers"]:
         raise DataError(f"{folder} holds layers {manifest['layers']}, not layer {layer}.")
+    # host: a row mask over the shards read from disk, which load on the CPU
     wanted = None if rows is None else torch.zeros(int(manifest.get("rows", 0)), dtype=torch.bool)
     if wanted is not None and rows is not None:
-        index = torch.as_tensor(list(rows), dtype=torch.long)
+        index = torch.as_tensor(list(rows), dtype=torch.long)  # host: indexes the CPU mask above
         if index.numel() and (int(index.min()) < 0 or int(index.max()) >= wanted.numel()):
             raise DataError(f"Rows {int(index.min())}..{int(index.max())} asked for; {folder} holds rows "
                             f"0..{wanted.numel() - 1}.")
@@ -307,8 +308,9 @@ def _read(path: Path, name: str) -> Tensor:
 def _gather(selections: list[tuple[Path, Tensor | None]], layer: int, total: int, manifest: dict[str, Any]
             ) -> Activations:
     values: Tensor | None = None
+    # host: the gathered activations are read from disk shards into host memory; the caller moves what it trains on
     rows = torch.empty(total, dtype=torch.int32)
-    positions = torch.empty(total, dtype=torch.int32)
+    positions = torch.empty(total, dtype=torch.int32)  # host: as rows
     at = 0
     for path, keep in selections:
         x, row, pos = _read(path, f"layer{layer}"), _read(path, "row"), _read(path, "position")

@@ -152,6 +152,7 @@ class QualityRows:
 def _save(obj: Any, path: str | os.PathLike[str]) -> Path:
     import json
 
+    # host: numpy arrays written to a file
     arrays = {f.name: torch.from_numpy(np.ascontiguousarray(getattr(obj, f.name))) for f in fields(obj)
               if isinstance(getattr(obj, f.name), np.ndarray)}
     meta = {"d_sae": str(obj.d_sae), "settings": json.dumps(obj.settings, default=str)}

@@ -41,7 +41,7 @@ def last_logit_diffs(model: Model, texts: Sequence[str], answers: Sequence[int],
         ex = examples_from_texts(list(texts[start:end]), model.tokenizer)
         tokens = ex.tokens.to(device)
         last = (ex.attention_mask.sum(dim=1) - 1 if ex.attention_mask is not None
-                else torch.full((len(tokens),), tokens.shape[1] - 1)).to(device)
+                else torch.full((len(tokens),), tokens.shape[1] - 1, device=device))
         with torch.no_grad():  # right padding: a causal model's last real position never sees the pads
             logits = model.original_model(input_ids=tokens).logits[torch.arange(len(tokens), device=device), last]
         a = torch.as_tensor(list(answers[start:end]), device=device)

@@ -74,6 +74,7 @@ class Folder:
 
         if path.is_file():
             return load_file(str(path))
+        # host: numpy results written to a file
         made = {k: torch.as_tensor(np.ascontiguousarray(v)) for k, v in make_them().items()}
         path.parent.mkdir(parents=True, exist_ok=True)
         write_safetensors(path, made)
@@ -152,6 +153,7 @@ def _reference_circuit(folder: Folder, reference: Any, task: str, pairs: units.P
     rc = registration()["circuits"]["reference_circuit"]["pipeline"]
     top_k, movers = int(re.search(r"top_k=(\d+)", rc).group(1)), int(re.search(r"movers=(\d+)", rc).group(1))  # type: ignore[union-attr]
     sel = pairs.take(sets["selection"])
+    # host: token ids; circuit() moves them with each batch
     res = circuit(reference, sel.clean, sel.corrupt, torch.as_tensor(sel.answers), torch.as_tensor(sel.wrongs),
                   top_k=top_k, movers=movers, ig_steps=1, batch_size=8)
     effects, _ = cc.edge_effects(reference, sel.clean, sel.corrupt, sel.answers, sel.wrongs, res.confirmed)
@@ -160,7 +162,7 @@ def _reference_circuit(folder: Folder, reference: Any, task: str, pairs: units.P
     table["movers"] = ", ".join(res.movers)
     write_parquet(path, table)
     write_safetensors(folder.path("circuits", f"{task}-selection-reference.safetensors"),
-                      {"effects": torch.as_tensor(effects)})
+                      {"effects": torch.as_tensor(effects)})  # host: numpy results written to a file
     return table
 
 

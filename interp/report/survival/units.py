@@ -71,7 +71,7 @@ def repeated_sequences(ids: Sequence[int], bos: int, r: int, n: int, seed: int) 
     g = torch.Generator().manual_seed(seed)
     rows = []
     for _ in range(n):
-        half = pool[torch.randperm(len(pool), generator=g)[:r]]
+        half = pool[torch.randperm(len(pool), generator=g)[:r]]  # host: the registered seeded CPU draw
         rows.append(torch.cat([torch.tensor([bos]), half, half]))  # host: token ids, moved with the batch
     return torch.stack(rows)
 
