@@ -291,11 +291,13 @@ _POSITIONS = _indexed(_positions, "positions", many=True, negative=True, error=D
 
 NAMED: dict[str, Rule] = {
     "seed": lambda value, name, arguments: None if value is None else seed(value, name) and None,
-    **{name: _count() for name in ("batch_size", "n_boot", "n_outliers", "max_rows", "max_logits",
+    **{name: _count() for name in ("batch_size", "n_outliers", "max_rows", "max_logits",
                                   "chunk", "group", "ngram", "top_k", "k")},
     # counts that set the work or the memory and have no use beyond a ceiling: refused there, not run for hours
     "hops": _count(maximum=(1_000, "a walk of more hops than a context has tokens adds nothing a user can read")),
-    "ig_steps": _count(maximum=(10_000, "integrated gradients converges within a few hundred steps")),
+    "ig_steps": _count(maximum=(512, "integrated gradients converges within a few hundred steps")),
+    "n_boot": _count(maximum=(100_000, "an interval end's Monte Carlo error is already far below its width at 10,000 "
+                                       "resamples, and each resample holds a row index per example in memory")),
     "n_layers": _count(maximum=(1_024, "a tiny test model; load a real one with interp.load_model")),
     "max_new_tokens": _count(maximum=(1 << 16, "longer than the context of any model here")),
     **{name: _count(maximum=(1 << 20, "a million tokens, more than any model here attends over"))

@@ -73,7 +73,7 @@ class TunedLens:
     settings: dict[str, Any] = field(default_factory=dict)
 
     def translate(self, index: int, resid: torch.Tensor) -> torch.Tensor:
-        """Layer ``index``'s translator (an index into :attr:`layers`) applied to ``resid``."""
+        """Layer ``index``'s translator (an index into its ``layers``) applied to ``resid``."""
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < int(self.weight.shape[0]):
             raise InterpError(f"This tuned lens holds {int(self.weight.shape[0])} translators (indices "
                               f"0..{int(self.weight.shape[0]) - 1}, for layers {self.layers}); got index {index!r}")

@@ -146,8 +146,8 @@ def method_instances(folder: Any, family: str, model: str, suffix: str = "") -> 
     fewer instances; the tables say how many)."""
     from pathlib import Path
 
+    from interp.report.survival.registration import file_name
     from interp.report.survival.roster import roster
-    from interp.report.survival.run import file_name
 
     out: dict[str, list[tuple[str, Any]]] = {}
     for entry in roster(model):

@@ -90,7 +90,7 @@ def prepare_saes(reference: Any, raw: Path, cache: Path, reg: dict[str, Any], pr
 def latent_survival(reference: Any, other: Any, saes: dict[int, Any], held_out: Any, raw: Path, unit: str) -> None:
     """Each layer's :class:`~interp.localize.sae_metrics.LatentRowStats` of ``other`` against the reference."""
     from interp.localize.sae_metrics import latent_stats
-    from interp.report.survival.run import file_name
+    from interp.report.survival.registration import file_name
 
     for layer, sae in saes.items():
         path = raw / "features" / f"{file_name(unit)}-L{layer}.safetensors"
@@ -158,8 +158,8 @@ def feature_analysis(raw: Path, model: str, reg: dict[str, Any], thresholds: Seq
     import pandas as pd
 
     from interp.localize.sae_metrics import LatentRowStats
+    from interp.report.survival.registration import file_name
     from interp.report.survival.roster import roster
-    from interp.report.survival.run import file_name
 
     raw = Path(raw)
     iv = reg["intervals"]

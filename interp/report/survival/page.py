@@ -86,7 +86,7 @@ def _tie(folder: Path, model: str, results: dict[str, Any], reg: dict[str, Any],
 
 
 def _coverage(folder: Path, model: str, family: str) -> str:
-    from interp.report.survival.run import file_name
+    from interp.report.survival.registration import file_name
 
     rows = []
     for e in roster(model):

@@ -41,6 +41,13 @@ def sha256(path: str | Path | None = None) -> str:
     return _read(str(path or DEFAULT))[1]
 
 
+def file_name(unit_id: str) -> str:
+    """A file-safe name for a raw-data id (``gptq:bits=3,group=64@seed61`` -> ``gptq-bits-3-group-64@seed61``)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9.@_#]+", "-", unit_id).strip("-")
+
+
 def check_model(name: str) -> str:
     """``name`` if the registration covers it, else a DataError listing the covered models."""
     if name not in MODELS:

@@ -16,7 +16,7 @@ resumes at the first missing file):
 - ``models.json``: each quantized instance's weights digest and where it was measured.
 
 ``<id>`` is ``reference``, a label (``rtn:bits=3,group=64``) or ``label@instance`` (``gptq:bits=3,group=64@seed61``),
-made file-safe by :func:`file_name`.
+made file-safe by :func:`~interp.report.survival.registration.file_name`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from interp.io import write_json, write_parquet, write_safetensors
 from interp.report.survival import circuits as cc
 from interp.report.survival import units
 from interp.report.survival.induction import induction_scores
-from interp.report.survival.registration import check_model, registration, sha256
+from interp.report.survival.registration import check_model, file_name, registration, sha256
 from interp.report.survival.roster import make, roster
 
 STAGES = ("induction", "circuits", "features")
@@ -51,11 +51,6 @@ VARIANTS = {"named": ("gate", "down"), "control": ("up", "q", "k", "v", "o")}  #
 def tie_labels() -> list[str]:
     """The roster labels whose instances the localization tie restores (``"gptq:... (all 5 instances)"`` -> label)."""
     return [m.split(" (")[0] for m in registration()["localization_tie"]["methods"]]
-
-
-def file_name(unit_id: str) -> str:
-    """A file-safe name for a raw-data id (``gptq:bits=3,group=64@seed61`` -> ``gptq-bits-3-group-64@seed61``)."""
-    return re.sub(r"[^A-Za-z0-9.@_#]+", "-", unit_id).strip("-")
 
 
 class Folder:

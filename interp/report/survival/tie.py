@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from interp.report.survival.analyse import _load, band_verdict, decide
-from interp.report.survival.run import VARIANTS, file_name, tie_labels
+from interp.report.survival.registration import file_name
+from interp.report.survival.run import VARIANTS, tie_labels
 from interp.stats import Estimate, crossed_bootstrap
 
 __all__ = ["repaired_share", "tie_analysis"]

@@ -51,7 +51,7 @@ def token_set(counts: Counter[int], special: Sequence[int], types: Sequence[int]
 
     Example:
         >>> from collections import Counter
-        >>> token_set(Counter({4: 9, 2: 9, 3: 1, 0: 50}), special=[0], types=[1, 1, 1, 1, 3], size=2)
+        >>> token_set(Counter({4: 9, 2: 9, 3: 1, 0: 50, 5: 70}), special=[0], types=[1, 1, 1, 1, 1, 3], size=2)
         [2, 4]
     """
     banned = set(int(i) for i in special)
