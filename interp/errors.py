@@ -7,6 +7,9 @@ the boundary and re-raised in these words.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 
 class InterpError(ValueError):
     """Bad input or an unsupported request, explained in interp's own words."""
@@ -38,3 +41,15 @@ class ResourceError(InterpError):
 
 class ToolError(InterpError):
     """An external tool interp runs (llama.cpp's ``llama-quantize``, ``llama-perplexity``) is missing or failed."""
+
+
+def exit_status(body: Callable[[], object]) -> int:
+    """Run a module command's ``body`` (``python -m interp....``): 0 when it finishes; on an
+    :class:`InterpError`, the message as ``error: ...`` on stderr and 2, never a traceback. The one place the
+    module commands turn a user's mistake into an exit status (``interp``'s own CLI has its own, with labels)."""
+    try:
+        body()
+    except InterpError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0

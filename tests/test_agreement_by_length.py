@@ -86,11 +86,11 @@ def test_saved_tokens_round_trip(tmp_path):
 
 def test_bad_arguments_exit_2_before_any_load(capsys, tmp_path):
     assert ln.main(["--out", str(tmp_path), "--lengths", "128,x"]) == 2
-    assert "--lengths takes" in capsys.readouterr().out
+    assert "--lengths takes" in capsys.readouterr().err
     assert ln.main(["--out", str(tmp_path), "--specs", "rtn:bits=99"]) == 2
     assert ln.main(["--out", str(tmp_path), "--n", "0"]) == 2
     assert ln.main(["--out", str(tmp_path / "none"), "--analyse-only"]) == 2
-    assert "run without --analyse-only first" in capsys.readouterr().out
+    assert "run without --analyse-only first" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("folder", ["agreement_by_length", "agreement_by_length_documents"])

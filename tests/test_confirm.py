@@ -229,8 +229,9 @@ def test_the_documented_command_matches_registration_2(tmp_path):
     done = subprocess.run([sys.executable, "-m", "interp.report.confirm", str(prereg), "--out", str(tmp_path / "run"),
                            "--analyse-only"], capture_output=True, text=True, timeout=300, cwd=confirm.REPO)
     assert done.returncode == 2, done.stderr
-    assert done.stdout.startswith("error: ") and "holds no run" in done.stdout and "Traceback" not in done.stderr
-    assert "changed after pre-registration" not in done.stdout
+    # errors go to stderr, as every module command's do (interp.errors.exit_status)
+    assert done.stderr.startswith("error: ") and "holds no run" in done.stderr and "Traceback" not in done.stderr
+    assert "changed after pre-registration" not in done.stderr
     assert not (tmp_path / "run").exists()
 
 

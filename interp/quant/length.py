@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from interp import stats
-from interp.errors import InterpError
+from interp.errors import InterpError, exit_status
 from interp.quant import protocol as pr
 
 DEFAULT_SPECS = ("rtn:bits=3,group=64", "nf:bits=3,group=64", "hqq:bits=3,group=64", "gptq:bits=3,group=64",
@@ -185,13 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--analyse-only", action="store_true",
                         help=f"recompute the table from --out/{RAW} (at the lengths recorded there)")
     args = parser.parse_args(argv)
-    try:
-        lengths = sorted({int(x) for x in args.lengths.split(",")})
-    except ValueError:
-        print(f"error: --lengths takes comma-separated whole numbers, e.g. 128,256,512; got {args.lengths!r}.")
-        return 2
     out = Path(args.out)
-    try:
+
+    def body() -> None:
+        try:
+            lengths = sorted({int(x) for x in args.lengths.split(",")})
+        except ValueError:
+            raise InterpError(f"--lengths takes comma-separated whole numbers, e.g. 128,256,512; "
+                              f"got {args.lengths!r}.") from None
         if args.analyse_only:
             if not (out / RAW).is_file():
                 raise InterpError(f"{out} holds no {RAW}: run without --analyse-only first.")
@@ -200,15 +201,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             token_nll, meta = _run(args, lengths, out)
         table = table_from_tokens(token_nll, meta["lengths"] if args.analyse_only else lengths, n_boot=args.n_boot,
                                   seed=meta["seed"])
-    except InterpError as exc:
-        print(f"error: {exc}")
-        return 2
-    from interp.io import write_file
+        from interp.io import write_file
 
-    write_file(out / TABLE, lambda tmp: table.to_csv(tmp, index=False))
-    print(table[["T", "n", "pearson", "pearson_low", "pearson_high", "pearson_change", "mean_reliability",
-                 "reliability_predicted", "disattenuated"]].to_string(index=False))
-    return 0
+        write_file(out / TABLE, lambda tmp: table.to_csv(tmp, index=False))
+        print(table[["T", "n", "pearson", "pearson_low", "pearson_high", "pearson_change", "mean_reliability",
+                     "reliability_predicted", "disattenuated"]].to_string(index=False))
+
+    return exit_status(body)
 
 
 def _run(args: argparse.Namespace, lengths: list[int], out: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from interp.data import Examples, load_examples
-from interp.errors import InterpError
+from interp.errors import InterpError, exit_status
 from interp.io import write_json
 from interp.localize.patching import gate_input_vs_gate_weights, patching_table
 from interp.localize.restoration import restoration_sweep
@@ -194,22 +194,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", help="also write the analysis tables here (e.g. docs/data/reproduction/...)")
     parser.add_argument("--analyse-only", action="store_true", help="skip the run; analyse the raw data in --out")
     args = parser.parse_args(argv)
-    try:
+    def body() -> None:
         p = Preregistration.load(args.prereg)
         if not args.analyse_only:
             run(p, args.out, progress=True)
         elif not (Path(args.out) / "examples.json").is_file():
             raise InterpError(f"{args.out} holds no run of {p.name} (no examples.json): run it first, without "
                               "--analyse-only.")
-        result = analyse(p, args.out)
-    except InterpError as exc:
-        print(f"error: {exc}")
-        return 2
-    except FileNotFoundError as exc:
-        print(f"error: the run in {args.out} is incomplete ({exc.filename} is missing): run it again without "
-              "--analyse-only to resume.")
-        return 2
-    if args.write:
-        write_results(result, args.write, raw_from=args.out)
-    print(result["reproduction"][["claim", "measured here", "verdict"]].to_string())
-    return 0
+        try:
+            result = analyse(p, args.out)
+        except FileNotFoundError as exc:
+            raise InterpError(f"the run in {args.out} is incomplete ({exc.filename} is missing): run it again "
+                              "without --analyse-only to resume.") from None
+        if args.write:
+            write_results(result, args.write, raw_from=args.out)
+        print(result["reproduction"][["claim", "measured here", "verdict"]].to_string())
+
+    return exit_status(body)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from interp.errors import InterpError
+from interp.errors import InterpError, exit_status
 from interp.io import write_json
 from interp.report import confirm
 from interp.report import reproduction as rp
@@ -227,19 +227,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20, help="fresh bootstrap seeds (K)")
     parser.add_argument("--out", required=True, help="the JSON file to write")
     args = parser.parse_args(list(argv) if argv is not None else None)
-    try:
+    def body() -> None:
         data = compute(args.prereg, args.raw, args.seeds)
-    except InterpError as exc:
-        print(f"error: {exc}")
-        return 2
-    write_json(Path(args.out), data)
-    for key, d in summarise(data).items():
-        if d is None:
-            print(f"{key}: {data['claims'][key]['verdict']}; no single interval end decides it")
-            continue
-        print(f"{d.key}: {d.verdict}; {d.statistic} {d.side} {d.bound:.4f} vs {d.threshold:g}, MC SE {d.mc_se:.4f} "
-              f"({d.z:.1f} SE), {d.flipped}/{d.seeds} seeds differ -> {d.reading()}")
-    return 0
+        write_json(Path(args.out), data)
+        for key, d in summarise(data).items():
+            if d is None:
+                print(f"{key}: {data['claims'][key]['verdict']}; no single interval end decides it")
+                continue
+            print(f"{d.key}: {d.verdict}; {d.statistic} {d.side} {d.bound:.4f} vs {d.threshold:g}, MC SE "
+                  f"{d.mc_se:.4f} ({d.z:.1f} SE), {d.flipped}/{d.seeds} seeds differ -> {d.reading()}")
+
+    return exit_status(body)
 
 
 if __name__ == "__main__":
