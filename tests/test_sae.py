@@ -531,3 +531,28 @@ def test_latent_stats_of_a_model_against_itself(tiny_llama, tmp_path):
     assert np.array_equal(fa, fb) and stats.positions.tolist() == [10, 9, 11]
     back = type(stats).load(stats.save(tmp_path / "latents.safetensors"))
     assert np.array_equal(back.sum_ab, stats.sum_ab) and back.d_sae == 32
+
+
+def test_latent_stats_layers_match_one_sae_at_a_time(tiny_llama):
+    """Several SAEs from one forward of the other model, and the reference captured once and reused, give each
+    SAE's statistics exactly as :func:`latent_stats` does alone (same activations, same sums, in float64)."""
+    import interp
+    from interp.localize.sae_metrics import held_out_activations, latent_stats_layers
+
+    rows = _packed_rows(n=5, width=12)
+    other = interp.tiny_model("llama", seed=1)  # same shapes, other weights: latents move
+    saes = [_random_sae(64, 32, 4, hook="blocks.0.hook_resid_post"),
+            _random_sae(64, 48, 4, hook="blocks.1.hook_resid_post")]
+    alone = [latent_stats(sae, tiny_llama, other, rows, batch_size=2) for sae in saes]
+    captured = held_out_activations(tiny_llama, saes, rows, batch_size=2)
+    for reference in (tiny_llama, captured):
+        together = latent_stats_layers(saes, reference, other, rows, batch_size=2)
+        for one, both in zip(alone, together, strict=True):
+            assert one.d_sae == both.d_sae and np.array_equal(one.positions, both.positions)
+            for name in ("row", "latent", "sum_a", "sum_b", "sum_aa", "sum_bb", "sum_ab", "fire_a", "fire_b"):
+                assert np.array_equal(getattr(one, name), getattr(both, name)), name
+    assert not np.allclose(alone[1].sum_a, alone[1].sum_b)  # the two models differ, so the test can see a mix-up
+    with pytest.raises(DataError, match="batch size 2"):
+        latent_stats_layers(saes, captured, other, rows, batch_size=3)
+    with pytest.raises(DataError, match="sites"):
+        latent_stats_layers(saes[:1], captured, other, rows, batch_size=2)

@@ -3,14 +3,18 @@ survival rate against a naive per-latent count."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
+import pytest
 import torch
 
 import interp
 from interp.localize.sae import TopKSAE
-from interp.localize.sae_metrics import latent_stats, sae_quality
+from interp.localize.sae_metrics import LatentRowStats, latent_stats, sae_quality
 from interp.quant.apply import quantize
-from interp.report.survival.features import _bar_reading, feature_analysis
+from interp.report.survival.feature_counts import DEFINITIONS, SurvivalCounts, survive_counts
+from interp.report.survival.features import _bar_reading, _share, feature_analysis
 from interp.report.survival.registration import registration
 from interp.report.survival.run import file_name
 from interp.stats import Estimate
@@ -46,10 +50,13 @@ def test_feature_analysis_counts_surviving_latents_as_a_naive_loop_does(tmp_path
     label = "rtn:bits=3,group=64"
     quantized = quantize(model, "rtn:bits=3,group=32", progress=False)
     stats = latent_stats(sae, model, quantized, rows)
-    stats.save(folder / f"{file_name(label)}-L5.safetensors")
-    result = feature_analysis(tmp_path, MODEL, registration())
+    SurvivalCounts.reduce(stats, [0, 1, 2], 200).save(folder / f"{file_name(label)}-L5.safetensors")
+    reg = copy.deepcopy(registration())
+    reg["intervals"]["n_boot"] = 200  # the committed resamples of this small test: seed 0, and 1-2 for MC error
+    result = feature_analysis(tmp_path, MODEL, reg, seeds=[1, 2])
     assert len(result["quality"]) == 3 and set(result["quality"]["fvu_bar"]) <= {"met", "not met", "on the bar"}
-    row = result["survival"].set_index(["method", "layer"]).loc[(label, 5)]
+    per_layer = result["survival"]
+    row = per_layer[per_layer["definition"] == DEFINITIONS[0][0]].set_index(["method", "layer"]).loc[(label, 5)]
     # naive: per latent, over every position, correlation and firing rates from the two models' activations
     with torch.no_grad():
         _, a = model.run_with_cache(tokens, names_filter="blocks.1.hook_resid_post")
@@ -65,3 +72,220 @@ def test_feature_analysis_counts_surviving_latents_as_a_naive_loop_does(tmp_path
     assert row["judged_latents"] == int(judged.sum()) > 0
     assert row["rate"] == np.mean(survive)
     assert row["rate_low"] <= row["rate"] <= row["rate_high"]
+    pooled = result["pooled"]
+    assert pooled.empty  # layers 15 and 25 have no instance file: pooled only over the same instances everywhere
+
+
+def _synthetic_stats(seed: int, n_rows: int = 30, d_sae: int = 40, scale: float = 1.0) -> LatentRowStats:
+    """Per-row sums of two models' latents drawn at random: reference a, quantized b = a + noise (some latents
+    moved much, some not), 6-20 positions a row, as LatentRowStats keeps them (pairs where either fires)."""
+    g = np.random.default_rng(seed)
+    base = np.random.default_rng(99)  # the reference is the same for every instance
+    sums = {k: np.zeros((n_rows, d_sae)) for k in ("sum_a", "sum_b", "sum_aa", "sum_bb", "sum_ab", "fire_a",
+                                                       "fire_b")}
+    positions = base.integers(6, 20, n_rows)
+    offset = base.uniform(-3.5, 0.5, d_sae)  # some latents fire at fewer than 20 positions: not judged
+    noise = scale * g.uniform(0.0, 0.8, d_sae)  # rho from about 1 down to about 0.7: thresholds split the latents
+    for r in range(n_rows):
+        a = np.maximum(base.normal(0, 1, (positions[r], d_sae)) + offset, 0)
+        b = np.maximum(a + noise * g.normal(0, 1, a.shape), 0)
+        for name, v in (("sum_a", a), ("sum_b", b), ("sum_aa", a * a), ("sum_bb", b * b), ("sum_ab", a * b),
+                        ("fire_a", a > 0), ("fire_b", b > 0)):
+            sums[name][r] = v.sum(0)
+    row, latent = np.nonzero((sums["fire_a"] > 0) | (sums["fire_b"] > 0))
+    values = {k: v[row, latent] for k, v in sums.items()}
+    for k in ("fire_a", "fire_b"):
+        values[k] = values[k].astype(np.int32)
+    return LatentRowStats(row=row.astype(np.int32), latent=latent.astype(np.int32), **values,
+                          positions=positions.astype(np.int64), d_sae=d_sae)
+
+
+def _per_row_share(rho_min: float, rate: bool) -> object:
+    """survival-1's statistic read straight from the per-row sums (LatentRowStats.correlation, firing_rates)."""
+    def statistic(stats: LatentRowStats, rows: np.ndarray) -> np.ndarray:
+        f_ref_all, _ = stats.firing_rates()
+        judged = f_ref_all[0] * stats.totals()["n"][0, 0] >= 20
+        rho = np.nan_to_num(stats.correlation(rows)[:, judged], nan=-1.0)
+        f_ref, f_q = stats.firing_rates(rows)
+        ok = rho >= rho_min
+        if rate:
+            ratio = f_q[:, judged] / f_ref[:, judged]
+            ok &= (ratio >= 0.5) & (ratio <= 2.0)
+        return ok.mean(axis=-1)
+    return statistic
+
+
+def test_committed_counts_give_the_intervals_of_the_per_row_sums(tmp_path):
+    """survival-2's promise: intervals from the committed counts equal those from the per-row sums, for every
+    definition and every committed seed, with several instances (crossed); other resamples are refused."""
+    from interp.errors import DataError
+    from interp.stats import bootstrap_indices, crossed_bootstrap
+
+    stats = [_synthetic_stats(s) for s in range(3)]
+    seeds, n_boot = [0, 5], 300
+    counts = [SurvivalCounts.load(SurvivalCounts.reduce(s, seeds, n_boot).save(tmp_path / f"i{i}.safetensors"))
+              for i, s in enumerate(stats)]
+    judged = int(counts[0].judged.sum())
+    assert 0 < judged < stats[0].d_sae
+    for k, (_, rho_min, rate) in enumerate(DEFINITIONS):
+        for seed in seeds:
+            naive = crossed_bootstrap(stats, _per_row_share(rho_min, rate), 30, n_boot, seed).estimate
+            committed = crossed_bootstrap([(c,) for c in counts], _share(k), 30, n_boot, seed).estimate
+            # equal, not close: both are counts over the same judged latents in the same resamples (a rho within
+            # float noise of a threshold could differ, which these draws do not have)
+            assert (committed.value, committed.low, committed.high) == (naive.value, naive.low, naive.high)
+    heads = [tuple(c.point()) for c in counts]
+    assert len(set(heads)) > 1 and 0 < heads[0][0] < judged  # the instances differ, so a mix-up of instances would show
+    with pytest.raises(DataError, match="bootstrap seeds"):
+        counts[0].counts_for(bootstrap_indices(30, n_boot, 7))
+
+
+def test_survive_counts_against_a_naive_loop():
+    """Each definition's count, latent by latent in Python floats, on totals with every edge case: undefined rho
+    (never fires in b), rate exactly 0.5 and 2.0, rho exactly on a threshold is not needed (floats)."""
+    g = np.random.default_rng(3)
+    d = 25
+    a = np.maximum(g.normal(0, 1, (50, d)), 0)
+    b = np.maximum(a + g.uniform(0, 1.5, d) * g.normal(0, 1, (50, d)), 0)
+    b[:, 0] = 0  # latent 0 never fires in b: undefined rho, does not survive
+    t = {"n": np.array([[50.0]]), "sum_a": a.sum(0)[None], "sum_b": b.sum(0)[None], "sum_aa": (a * a).sum(0)[None],
+         "sum_bb": (b * b).sum(0)[None], "sum_ab": (a * b).sum(0)[None], "fire_a": (a > 0).sum(0)[None] * 1.0,
+         "fire_b": (b > 0).sum(0)[None] * 1.0}
+    judged = (a > 0).sum(0) >= 20
+    got = survive_counts(t, judged)[0]
+    for k, (_, rho_min, rate) in enumerate(DEFINITIONS):
+        want = 0
+        for j in np.flatnonzero(judged):
+            rho = np.corrcoef(a[:, j], b[:, j])[0, 1] if b[:, j].std() > 0 else -1.0
+            ratio = (b[:, j] > 0).sum() / (a[:, j] > 0).sum()
+            want += bool(rho >= rho_min and (not rate or 0.5 <= ratio <= 2))
+        assert got[k] == want, DEFINITIONS[k]
+    assert judged[0] and 0 < got[0] < judged.sum()
+
+
+def test_definitions_are_the_registered_numbers():
+    """The thresholds in code are survival-1's (its survives and secondary texts), so an edit of either shows."""
+    text = registration()["features"]["survival"]
+    assert "rho_j >= 0.9 and 0.5 <= f'_j / f_j <= 2" == text["survives"]
+    for _, rho_min, _ in DEFINITIONS[1:5]:
+        assert f"{rho_min:g}" in text["secondary"]
+    assert "rho alone" in text["secondary"]
+    from interp.report.survival.features import SEARCH
+
+    search = registration()["features"]["sae"]["search"]
+    assert "latents in {4096, 8192} and k in {32, 64}" in search
+    assert sorted(SEARCH) == [(a, b) for a in (4096, 8192) for b in (32, 64)]
+
+
+def test_feature_tie_from_committed_counts_equals_the_per_row_computation(tmp_path):
+    """survival-3's promise: T (repaired by named - by control, over each instance's broken latents, repair
+    recomputed per resample) from the committed counts equals T from the per-row sums; feature_tie_analysis reads
+    the files the run writes (instance, '#named', '#control') and gives that T."""
+    from interp.report.survival.tie import feature_tie_analysis
+    from interp.stats import crossed_bootstrap
+
+    seeds, n_boot = [0, 1, 2], 200
+    label = "gptq:bits=3,group=64"  # a tie method with 5 instances; 2 are measured here
+    folder = tmp_path / "features"
+    folder.mkdir()
+    naive_data = []
+    for i, uid in enumerate([f"{label}@seed61", f"{label}@seed62"]):
+        inst = _synthetic_stats(10 + i)
+        named = _synthetic_stats(20 + i, scale=0.3)  # smaller noise: repairs more
+        control = _synthetic_stats(10 + i, scale=0.9)
+        base = SurvivalCounts.reduce(inst, seeds, n_boot)
+        base.save(folder / f"{file_name(uid)}-L5.safetensors")
+        broken = base.broken_latents()
+        for name, stats in (("named", named), ("control", control)):
+            SurvivalCounts.reduce(stats, seeds, n_boot, broken).save(folder / f"{file_name(uid)}#{name}-L5.safetensors")
+        naive_data.append((named, control, broken))
+
+    def naive_t(data, rows):
+        named, control, broken = data
+        out = []
+        for stats in (named, control):
+            judged = stats.totals()["fire_a"][0] >= 20
+            rho = np.nan_to_num(stats.correlation(rows), nan=-1.0)
+            f_ref, f_q = stats.firing_rates(rows)
+            with np.errstate(divide="ignore", invalid="ignore"):  # latents never firing: not judged
+                ok = (rho >= 0.9) & (f_q / f_ref >= 0.5) & (f_q / f_ref <= 2.0)
+            assert not (broken & ~judged).any()
+            out.append(ok[:, broken].sum(axis=-1))
+        return (out[0] - out[1]) / broken.sum()
+
+    reg = copy.deepcopy(registration())
+    reg["intervals"]["n_boot"] = n_boot
+    rows = feature_tie_analysis(tmp_path, MODEL, 5, reg, seeds=[1, 2])
+    assert [r["method"] for r in rows] == [label]
+    row = rows[0]
+    want = crossed_bootstrap(naive_data, naive_t, 30, n_boot, 0).estimate
+    assert row["broken_units"] == sum(int(d[2].sum()) for d in naive_data) >= 3
+    assert (row["T"], row["T_low"], row["T_high"]) == (want.value, want.low, want.high)
+    assert row["T"] > 0  # the named variant was made closer to the reference, so the test can see a sign error
+
+
+def test_latent_survival_writes_the_committed_form_for_an_instance_and_its_variant(tmp_path):
+    """The run's step on a tiny model: per-row sums go to the working folder, the committed form to raw/features;
+    the reference is captured once for both calls; the variant's file carries its instance's broken latents."""
+    from interp.report.survival.features import latent_survival
+
+    model = interp.tiny_model("llama")
+    tokens = torch.randint(0, 256, (6, 24), generator=torch.Generator().manual_seed(2))
+    tokens[:, 0] = 256
+    rows = interp.Examples.from_tokens(tokens)
+    saes = {5: _sae(), 15: _sae(k=4)}  # both read block 1 of the tiny model; the registered layers name the files
+    quantized = quantize(model, "rtn:bits=2,group=32", progress=False)
+    reg = copy.deepcopy(registration())
+    reg["intervals"]["n_boot"] = 50
+    reg["intervals"]["boundary"]["mc_seeds"] = [1]
+    raw, working, context = tmp_path / "raw", tmp_path / "work", {}
+    (raw / "features").mkdir(parents=True)
+    working.mkdir()
+    uid = "rtn:bits=3,group=64"
+    latent_survival(model, quantized, saes, rows, raw, uid, context, working, reg)
+    captured = context["reference_activations"]
+    latent_survival(model, model, saes, rows, raw, f"{uid}#named", context, working, reg)  # restored: the reference
+    assert context["reference_activations"] is captured
+    for layer in saes:
+        base = SurvivalCounts.load(raw / "features" / f"{file_name(uid)}-L{layer}.safetensors")
+        named = SurvivalCounts.load(raw / "features" / f"{file_name(uid)}#named-L{layer}.safetensors")
+        assert (working / f"{file_name(uid)}-L{layer}.safetensors").is_file()
+        assert base.counts.shape == (2, 50, len(DEFINITIONS)) and base.repaired is None
+        broken = base.broken_latents()
+        assert named.broken == int(broken.sum())
+        assert broken.any()  # 2-bit RTN breaks some latents of the tiny model, so the check below can fail
+        assert (named.repaired == broken.sum()).all()  # the reference against itself repairs every one
+
+
+@pytest.mark.parametrize(("meets", "fvus", "trained", "chosen"), [
+    ({(4096, 32)}, {}, [(4096, 32)], (4096, 32)),  # the registered SAE meets the bar: no search
+    (set(), {(4096, 32): 0.3, (4096, 64): 0.25, (8192, 32): 0.22, (8192, 64): 0.27}, 4, (8192, 32)),  # none: least FVU
+    ({(4096, 64), (8192, 64)}, {(4096, 32): 0.3, (4096, 64): 0.19, (8192, 32): 0.1, (8192, 64): 0.15}, 4,
+     (8192, 64)),  # least FVU among those meeting the bar, not of all
+])
+def test_the_registered_search_over_latents_and_k(meets, fvus, trained, chosen, tmp_path, monkeypatch):
+    """survival-1 features.sae.search, with training and quality replaced by stand-ins whose readings the test sets:
+    which candidates are trained, which is kept, and the report of every candidate."""
+    import json
+    import types
+
+    import interp.localize.sae_metrics as sae_metrics
+    import interp.localize.sae_train as sae_train
+    from interp.report.survival import features
+
+    calls = []
+
+    def fake_train(train, validation, latents, k, **kwargs):
+        calls.append((latents, k))
+        return types.SimpleNamespace(shape=(latents, k)), types.SimpleNamespace(to_dict=lambda: {"epochs": []})
+
+    monkeypatch.setattr(sae_train, "train_sae", fake_train)
+    monkeypatch.setattr(sae_metrics, "sae_quality", lambda model, sae, rows, progress=None: sae.shape)
+    monkeypatch.setattr(features, "bar_readings", lambda shape, reg: ({"fvu": fvus.get(shape, 0.1)}, shape in meets))
+    (tmp_path / "features").mkdir()
+    kept = features._search(None, None, None, None, 5, tmp_path / "cache", tmp_path, registration())
+    assert kept.shape == chosen
+    assert calls == (trained if isinstance(trained, list) else list(features.SEARCH))
+    report = json.loads((tmp_path / "features" / "candidates-L5.json").read_text())
+    assert [(c["latents"], c["k"]) for c in report["candidates"] if c["chosen"]] == [chosen]
+    assert report["searched"] == (len(calls) > 1)

@@ -113,6 +113,8 @@ class SparseAutoencoder:
                 got = list(value.shape) if isinstance(value, Tensor) else type(value).__name__
                 raise DataError(f"An SAE's {name} must be a float tensor of shape {list(shape)} (d_in {d_in}, "
                                 f"d_sae {d_sae}); got {got}.")
+            if not value.is_contiguous():  # as a loaded SAE's are: a saved SAE then computes bit-identically
+                object.__setattr__(self, name, value.contiguous())  # after loading (matmul kernels follow strides)
         if not (isinstance(self.scale, (int, float)) and math.isfinite(self.scale) and self.scale > 0):
             raise DataError(f"An SAE's input scale must be a positive number; got {self.scale!r}.")
 

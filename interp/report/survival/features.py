@@ -10,9 +10,12 @@ Stage ``features`` of the run (SmolLM2 only, as registered):
    layout under ``features/sae-L<layer>/``, with its quality on the held-out rows (``features/quality-L<layer>``);
    when an SAE misses the bar on validation, the registered search over latents x k;
 4. per quantized model, each latent's per-row correlation sums and firing counts against the reference
-   (``features/<id>-L<layer>``, :class:`interp.localize.sae_metrics.LatentRowStats`).
+   (:class:`interp.localize.sae_metrics.LatentRowStats`, in the cache: up to 44 MB each), reduced to the form
+   registration ``survival-2.json`` commits (``features/<id>-L<layer>``,
+   :class:`~interp.report.survival.feature_counts.SurvivalCounts`: per-latent totals, and the surviving counts
+   in every registered row resample).
 
-The analysis (:func:`feature_analysis`) reads only those files.
+The analysis (:func:`feature_analysis`) reads only the committed files.
 """
 
 from __future__ import annotations
@@ -58,7 +61,6 @@ def prepare_saes(reference: Any, raw: Path, cache: Path, reg: dict[str, Any], pr
     from interp.localize.sae import load_sae
     from interp.localize.sae_data import capture_activations, load_activations
     from interp.localize.sae_metrics import sae_quality
-    from interp.localize.sae_train import train_sae
 
     spec = reg["features"]["sae"]
     layers = [int(v) for v in spec["layers"].values()]
@@ -76,9 +78,8 @@ def prepare_saes(reference: Any, raw: Path, cache: Path, reg: dict[str, Any], pr
                                 else "float16", progress=progress)
             parts[part] = load_activations(where, layer).values
         train = torch.cat([parts["train_eval"], parts["train_calibration"]])
-        sae, _ = train_sae(train, parts["validation"].float(), int(spec["latents"]), int(spec["k"]),
-                           hook_name=_hook(layer), checkpoint=cache / f"train-L{layer}",
-                           settings={"model": "smollm2-135m", "registration": reg["name"]}, progress=progress)
+        sae = _search(reference, train, parts["validation"].float(), rows["validation"], layer, cache, raw, reg,
+                      progress)
         del train, parts
         sae.save(folder)
         sae_quality(reference, sae, rows["held_out"], progress=progress).save(
@@ -87,15 +88,83 @@ def prepare_saes(reference: Any, raw: Path, cache: Path, reg: dict[str, Any], pr
     return saes
 
 
-def latent_survival(reference: Any, other: Any, saes: dict[int, Any], held_out: Any, raw: Path, unit: str) -> None:
-    """Each layer's :class:`~interp.localize.sae_metrics.LatentRowStats` of ``other`` against the reference."""
-    from interp.localize.sae_metrics import latent_stats
-    from interp.report.survival.registration import file_name
+#: survival-1 features.sae.search: the candidates (latents, k) tried when the registered SAE misses the bar
+SEARCH = ((4096, 32), (4096, 64), (8192, 32), (8192, 64))
 
-    for layer, sae in saes.items():
-        path = raw / "features" / f"{file_name(unit)}-L{layer}.safetensors"
-        if not path.is_file():
-            latent_stats(sae, reference, other, held_out).save(path)
+
+def _search(reference: Any, train: Any, validation: Any, validation_rows: Any, layer: int, cache: Path, raw: Path,
+            reg: dict[str, Any], progress: bool | None = None) -> Any:
+    """The registered SAE of one layer (latents and k from the registration); only if it misses the bar on the
+    validation rows, every candidate of :data:`SEARCH`, keeping the least validation FVU among those meeting the
+    bar (or the least of all, if none does). Every candidate trained is reported in
+    ``features/candidates-L<layer>.json``; the held-out rows are not read here."""
+    from interp.io import write_json
+    from interp.localize.sae_metrics import sae_quality
+    from interp.localize.sae_train import train_sae
+
+    spec = reg["features"]["sae"]
+    registered = (int(spec["latents"]), int(spec["k"]))
+    report: list[dict[str, Any]] = []
+    trained: dict[tuple[int, int], Any] = {}
+    for latents, k in [registered] + [c for c in SEARCH if c != registered]:
+        sae, log = train_sae(train, validation, latents, k, hook_name=_hook(layer),
+                             checkpoint=cache / f"train-L{layer}" if (latents, k) == registered
+                             else cache / f"train-L{layer}-{latents}x{k}",
+                             settings={"model": "smollm2-135m", "registration": reg["name"]}, progress=progress)
+        readings, met = bar_readings(sae_quality(reference, sae, validation_rows, progress=progress), reg)
+        trained[(latents, k)] = sae
+        report.append({"latents": latents, "k": k, "validation": readings, "meets the bar on validation": met,
+                       "training": log.to_dict()})
+        if (latents, k) == registered and met:
+            break  # the registered SAE meets the bar: no search
+    meeting = [r for r in report if r["meets the bar on validation"]]
+    chosen = min(meeting or report, key=lambda r: r["validation"]["fvu"])
+    for r in report:
+        r["chosen"] = r is chosen
+    write_json(raw / "features" / f"candidates-L{layer}.json",
+               {"layer": layer, "searched": len(report) > 1, "candidates": report,
+                "rule": "survival-1 features.sae.search"})
+    return trained[(chosen["latents"], chosen["k"])]
+
+
+def latent_survival(reference: Any, other: Any, saes: dict[int, Any], held_out: Any, raw: Path, unit: str,
+                    captured: dict[str, Any] | None = None, working: Path | None = None,
+                    reg: dict[str, Any] | None = None) -> None:
+    """Each layer's feature survival of ``other`` against the reference, in the committed form of survival-2
+    (:class:`~interp.report.survival.feature_counts.SurvivalCounts`, ``raw/features/<id>-L<layer>``), reduced from
+    the per-row sums (:class:`~interp.localize.sae_metrics.LatentRowStats`), which stay in ``working`` (default: the
+    cache). One forward of ``other`` for all layers; the reference's activations are captured once per run and
+    kept in ``captured`` (the run's context), since they are the same for every quantized model."""
+    from interp.localize.sae_metrics import LatentRowStats, held_out_activations, latent_stats_layers
+    from interp.models import cache_dir
+    from interp.report.survival.feature_counts import SurvivalCounts
+    from interp.report.survival.registration import file_name, registration
+
+    reg = reg or registration()
+    iv = reg["intervals"]
+    seeds = [int(iv["seed"]), *(int(s) for s in iv["boundary"]["mc_seeds"])]
+    working = working or cache_dir() / "survival-sae" / "latent-rows"
+    out = {layer: raw / "features" / f"{file_name(unit)}-L{layer}.safetensors" for layer in saes}
+    rows = {layer: working / f"{file_name(unit)}-L{layer}.safetensors" for layer in saes}
+    if all(path.is_file() for path in out.values()):
+        return
+    if not all(path.is_file() for path in rows.values()):
+        ordered = [saes[layer] for layer in sorted(saes)]
+        if captured is None:
+            captured = {}
+        if "reference_activations" not in captured:
+            captured["reference_activations"] = held_out_activations(reference, ordered, held_out)
+        stats = latent_stats_layers(ordered, captured["reference_activations"], other, held_out)
+        for layer, stat in zip(sorted(saes), stats, strict=True):
+            stat.save(rows[layer])
+    for layer, path in out.items():
+        if path.is_file():
+            continue
+        broken = None
+        if "#" in unit:  # a restored variant of the tie: its instance's broken latents (survival-3)
+            base = raw / "features" / f"{file_name(unit.split('#')[0])}-L{layer}.safetensors"
+            broken = SurvivalCounts.load(base).broken_latents()
+        SurvivalCounts.reduce(LatentRowStats.load(rows[layer]), seeds, int(iv["n_boot"]), broken).save(path)
 
 
 # ---------------------------------------------------------------------------------------
@@ -112,26 +181,34 @@ def _bar_reading(est: Estimate, bar: float, good: str) -> str:
     return "on the bar"
 
 
+def bar_readings(q: Any, reg: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Each bar metric of quality rows ``q`` with its interval over rows and its reading against the registered bar
+    ('met' when the interval lies wholly on the good side); and whether all three are met."""
+    iv = reg["intervals"]
+    bar = reg["features"]["quality"]["bar"]
+    row: dict[str, Any] = {}
+    met = True
+    for label, (name, good) in BAR_METRICS.items():
+        est = crossed_bootstrap([None], q.statistic(name), q.n_rows, int(iv["n_boot"]), int(iv["seed"])).estimate
+        threshold = float(str(bar[label]).split()[-1].rstrip("%")) / (100 if "%" in str(bar[label]) else 1)
+        reading = _bar_reading(est, threshold, good)
+        met &= reading == "met"
+        row.update({name: est.value, f"{name}_low": est.low, f"{name}_high": est.high, f"{name}_bar": reading})
+    return row, met
+
+
 def quality_table(raw: Path, reg: dict[str, Any]) -> list[dict[str, Any]]:
     """Per layer: each quality metric with its interval over held-out rows and its reading against the bar."""
     from interp.localize.sae_metrics import QualityRows
 
-    iv = reg["intervals"]
-    bar = reg["features"]["quality"]["bar"]
     out = []
     for layer in [int(v) for v in reg["features"]["sae"]["layers"].values()]:
         path = raw / "features" / f"quality-L{layer}.safetensors"
         if not path.is_file():
             continue
         q = QualityRows.load(path)
-        row: dict[str, Any] = {"layer": layer}
-        met = True
-        for label, (name, good) in BAR_METRICS.items():
-            est = crossed_bootstrap([None], q.statistic(name), q.n_rows, int(iv["n_boot"]), int(iv["seed"])).estimate
-            threshold = float(str(bar[label]).split()[-1].rstrip("%")) / (100 if "%" in str(bar[label]) else 1)
-            reading = _bar_reading(est, threshold, good)
-            met &= reading == "met"
-            row.update({name: est.value, f"{name}_low": est.low, f"{name}_high": est.high, f"{name}_bar": reading})
+        readings, met = bar_readings(q, reg)
+        row: dict[str, Any] = {"layer": layer, **readings}
         row["l0"] = float(q.metric("l0")[0])
         row["ce_increase"] = float(q.metric("ce_increase")[0])
         row["meets the bar"] = met
@@ -139,47 +216,71 @@ def quality_table(raw: Path, reg: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _rate(rho_min: float, judged: np.ndarray, require_rate: bool = True) -> Any:
-    def statistic(stats: Any, rows: np.ndarray) -> np.ndarray:
-        rho = stats.correlation(rows)[:, judged]
-        f_ref, f_q = stats.firing_rates(rows)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = f_q[:, judged] / f_ref[:, judged]
-        ok = np.nan_to_num(rho, nan=-1.0) >= rho_min
-        if require_rate:
-            ok &= (ratio >= 0.5) & (ratio <= 2.0)
-        return ok.mean(axis=-1)
+def _share(definition: int) -> Any:
+    """Crossed-bootstrap statistic: surviving judged latents over judged latents, summed over the layers of one
+    instance (``data``: its :class:`SurvivalCounts` per layer; the layers share the held-out rows)."""
+    def statistic(layers: Any, rows: np.ndarray) -> np.ndarray:
+        judged = sum(int(layer.judged.sum()) for layer in layers)
+        return sum(layer.counts_for(rows)[:, definition] for layer in layers) / judged
     return statistic
 
 
-def feature_analysis(raw: Path, model: str, reg: dict[str, Any], thresholds: Sequence[float] = (0.9,)
+def _anchor_verdict(est: Estimate, anchor: float) -> str:
+    from interp.report.survival.analyse import band_verdict
+
+    return band_verdict(est, "above the anchor", "below the anchor", "not distinguishable from the anchor", anchor)
+
+
+def feature_analysis(raw: Path, model: str, reg: dict[str, Any], seeds: Sequence[int] | None = None
                      ) -> dict[str, Any]:
-    """The quality table and, per quantized model and layer, the share of judged latents that survive."""
+    """The quality table; per quantized model, layer and definition the share of judged latents that survive; the
+    pooled share over the layers whose SAE meets the bar, beside both anchors with its verdict and deciding bound."""
     import pandas as pd
 
-    from interp.localize.sae_metrics import LatentRowStats
+    from interp.report.survival.analyse import decide
+    from interp.report.survival.feature_counts import DEFINITIONS, SurvivalCounts
     from interp.report.survival.registration import file_name
     from interp.report.survival.roster import roster
 
     raw = Path(raw)
     iv = reg["intervals"]
+    n_boot, seed = int(iv["n_boot"]), int(iv["seed"])
+    mc = list(seeds if seeds is not None else iv["boundary"]["mc_seeds"])
+    anchors = {name: float(v) for name, v in reg["features"]["anchors"]["values"].items()}
     quality = quality_table(raw, reg)
-    rows = []
+    meets = {q["layer"]: bool(q["meets the bar"]) for q in quality}
+    per_layer, pooled = [], []
     for entry in roster(model):
-        for q in quality:
-            layer = q["layer"]
-            found = [raw / "features" / f"{file_name(u)}-L{layer}.safetensors" for u in entry.ids()]
-            stats = [LatentRowStats.load(p) for p in found if p.is_file()]
-            if not stats:
-                continue
-            f_ref, _ = stats[0].firing_rates()
-            fired_positions = f_ref[0] * stats[0].totals()["n"][0, 0]
-            judged = fired_positions >= 20
-            for rho_min in thresholds:
-                est = crossed_bootstrap(stats, _rate(rho_min, judged), stats[0].n_rows, int(iv["n_boot"]),
-                                        int(iv["seed"])).estimate
-                rows.append({"method": entry.label, "layer": layer, "instances": len(stats),
-                             "judged_latents": int(judged.sum()), "rho_min": rho_min, "rate": est.value,
-                             "rate_low": est.low, "rate_high": est.high,
-                             "sae_meets_bar": q["meets the bar"]})
-    return {"quality": pd.DataFrame(quality), "survival": pd.DataFrame(rows)}
+        found: dict[int, list[Any]] = {}
+        for layer in meets:
+            paths = [raw / "features" / f"{file_name(u)}-L{layer}.safetensors" for u in entry.ids()]
+            if any(p.is_file() for p in paths):
+                found[layer] = [SurvivalCounts.load(p) for p in paths if p.is_file()]
+        for layer, data in found.items():
+            for k, (name, _, _) in enumerate(DEFINITIONS):
+                est = crossed_bootstrap([(d,) for d in data], _share(k), data[0].n_rows, n_boot, seed).estimate
+                per_layer.append({"method": entry.label, "layer": layer, "instances": len(data),
+                                  "judged_latents": int(data[0].judged.sum()), "definition": name, "rate": est.value,
+                                  "rate_low": est.low, "rate_high": est.high, "sae_meets_bar": meets[layer]})
+        good = sorted(layer for layer in found if meets[layer])
+        counts = {len(found[layer]) for layer in good}
+        if not good or len(counts) != 1:  # pooled only over the same instances at every layer
+            continue
+        instances = [tuple(found[layer][i] for layer in good) for i in range(counts.pop())]
+        for k, (name, _, _) in enumerate(DEFINITIONS):
+            def estimates(s: int, k: int = k, data: list[Any] = instances) -> dict[str, Estimate]:
+                return {"rate": crossed_bootstrap(data, _share(k), data[0][0].n_rows, n_boot, s).estimate}
+            pooled_est = estimates(seed)
+            replicas = [estimates(s) for s in mc]
+            row: dict[str, Any] = {"method": entry.label, "instances": len(instances), "layers": good,
+                                   "definition": name, "rate": pooled_est["rate"].value,
+                                   "rate_low": pooled_est["rate"].low, "rate_high": pooled_est["rate"].high}
+            for anchor, value in anchors.items():
+                def verdict(e: dict[str, Estimate], v: float = value) -> str:
+                    return _anchor_verdict(e["rate"], v)
+                decision = decide(verdict, pooled_est, replicas, {"rate": (value,)})
+                row[f"vs {anchor}"] = decision.reading
+                row[f"vs {anchor} deciding bound"] = decision.bound
+                row[f"vs {anchor} distance_se"] = decision.distance_se
+            pooled.append(row)
+    return {"quality": pd.DataFrame(quality), "survival": pd.DataFrame(per_layer), "pooled": pd.DataFrame(pooled)}

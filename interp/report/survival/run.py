@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from interp.errors import DataError, InterpError
+from interp.errors import DataError, InterpError, exit_status
 from interp.io import write_json, write_parquet, write_safetensors
 from interp.report.survival import circuits as cc
 from interp.report.survival import units
@@ -178,7 +178,8 @@ def measure(folder: Folder, model: Any, unit_id: str, stages: Sequence[str], con
     if "features" in stages and unit_id != "reference":
         from interp.report.survival.features import latent_survival
 
-        latent_survival(context["reference"], model, context["saes"], context["held_out"], folder.out, unit_id)
+        latent_survival(context["reference"], model, context["saes"], context["held_out"], folder.out, unit_id,
+                        context)
     if "circuits" in stages:
         for task in TASKS:
             pairs, sets, edges = context["circuits"][task]
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stages = [s for s in args.stages.split(",") if s]
     unknown = sorted(set(stages) - set(STAGES))
-    try:
+    def body() -> None:
         if unknown:
             raise DataError(f"unknown stage(s) {', '.join(unknown)}; the stages are {', '.join(STAGES)}")
         labels = {e.label for e in roster(args.model)}
@@ -308,11 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                             f"{'; '.join(sorted(labels))}")
         run(args.model, args.out, stages, only, find_build(args.llama_cpp, need=("llama-quantize",)),
             variants=args.variants)
-    except InterpError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
 
+    return exit_status(body)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -29,7 +29,7 @@ from interp.report.survival.registration import file_name
 from interp.report.survival.run import VARIANTS, tie_labels
 from interp.stats import Estimate, crossed_bootstrap
 
-__all__ = ["repaired_share", "tie_analysis"]
+__all__ = ["feature_tie_analysis", "repaired_share", "tie_analysis"]
 
 
 def repaired_share(variants: Sequence[np.ndarray], references: Sequence[np.ndarray], broken: np.ndarray,
@@ -101,21 +101,66 @@ def tie_analysis(folder: Any, model: str, family: str, units: np.ndarray, reg: d
             per_instance.append((named, control, [b[1][:, units] for b in base], broken))
         if not measured:
             continue  # no instance of this method has its restored variants yet
-        row: dict[str, Any] = {"method": label, "family": family, "instances_used": used,
-                               "broken_units": broken_total}
-        if broken_total < 3 or not per_instance:
-            row.update({"T": np.nan, "T_low": np.nan, "T_high": np.nan, "verdict": "too few broken units"})
-            out.append(row)
-            continue
-        n = len(per_instance[0][2][0])
-
-        def est(s: int, per_instance: list[Any] = per_instance, n: int = n) -> dict[str, Estimate]:
-            return {"T": crossed_bootstrap(per_instance, _t_statistic(threshold), n, n_boot, s).estimate}
-        point = est(seed)
-        decision = decide(lambda e: band_verdict(e["T"], "gate and down carry it", "the other weights carry more",
-                                                 "not shown", 0.0), point, [est(s) for s in mc], {"T": (0.0,)})
-        row.update({"T": point["T"].value, "T_low": point["T"].low, "T_high": point["T"].high,
-                    "verdict": decision.reading, "deciding_bound": decision.bound})
-        out.append(row)
+        n = len(per_instance[0][2][0]) if per_instance else 0
+        out.append(_tie_row(label, family, per_instance, _t_statistic(threshold), n, broken_total, used, n_boot, seed,
+                            mc))
     del rules
+    return out
+
+
+def _feature_t(data: Any, rows: np.ndarray) -> np.ndarray:
+    named, control, broken = data
+    return (named.repaired_for(rows, broken) - control.repaired_for(rows, broken)) / broken.sum()
+
+
+def _tie_row(label: str, family: str, per_instance: list[Any], statistic: Any, n: int, broken_total: int, used: int,
+             n_boot: int, seed: int, mc: Sequence[int]) -> dict[str, Any]:
+    row: dict[str, Any] = {"method": label, "family": family, "instances_used": used, "broken_units": broken_total}
+    if broken_total < 3 or not per_instance:
+        row.update({"T": np.nan, "T_low": np.nan, "T_high": np.nan, "verdict": "too few broken units"})
+        return row
+
+    def est(s: int) -> dict[str, Estimate]:
+        return {"T": crossed_bootstrap(per_instance, statistic, n, n_boot, s).estimate}
+    point = est(seed)
+    decision = decide(lambda e: band_verdict(e["T"], "gate and down carry it", "the other weights carry more",
+                                             "not shown", 0.0), point, [est(s) for s in mc], {"T": (0.0,)})
+    row.update({"T": point["T"].value, "T_low": point["T"].low, "T_high": point["T"].high,
+                "verdict": decision.reading, "deciding_bound": decision.bound})
+    return row
+
+
+def feature_tie_analysis(folder: Any, model: str, layer: int, reg: dict[str, Any], seeds: Sequence[int] | None = None
+                         ) -> list[dict[str, Any]]:
+    """``T`` per registered method for the latents of one layer, from the committed counts (survival-3): per
+    instance its broken latents (fixed on all rows), and per resample how many survive in each restored variant."""
+    from interp.report.survival.feature_counts import SurvivalCounts
+    from interp.report.survival.roster import roster
+
+    folder = Path(folder)
+    iv = reg["intervals"]
+    n_boot, seed = int(iv["n_boot"]), int(iv["seed"])
+    mc = list(seeds if seeds is not None else iv["boundary"]["mc_seeds"])
+    out = []
+    for entry in roster(model):
+        if entry.label not in tie_labels():
+            continue
+        per_instance, broken_total, used, measured, n = [], 0, 0, 0, 0
+        for uid in entry.ids():
+            paths = {v: folder / "features" / f"{file_name(u)}-L{layer}.safetensors"
+                     for v, u in (("base", uid), *((v, f"{uid}#{v}") for v in VARIANTS))}
+            if not all(p.is_file() for p in paths.values()):
+                continue
+            measured += 1
+            base = SurvivalCounts.load(paths["base"])
+            broken = base.broken_latents()
+            broken_total += int(broken.sum())
+            n = base.n_rows
+            if broken.any():
+                used += 1
+                per_instance.append((SurvivalCounts.load(paths["named"]), SurvivalCounts.load(paths["control"]),
+                                     broken))
+        if measured:
+            out.append(_tie_row(entry.label, f"latents L{layer}", per_instance, _feature_t, n, broken_total, used,
+                                n_boot, seed, mc))
     return out
