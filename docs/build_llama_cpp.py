@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs"))
+from _generated import refresh  # noqa: E402  (the one place generated files are written)
+
 PAGE = ROOT / "docs" / "prescribe.md"
 DATA = ROOT / "docs" / "data" / "prescribe" / "llama-cpp"
 REGISTRATIONS = {"plans2": "llama-cpp-plans-2", "plans3": "llama-cpp-plans-3",  # block prefix -> registration
@@ -224,24 +227,21 @@ def pareto(data: dict[str, dict[str, Any]], title: str = "SmolLM2-135M through l
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    page = PAGE.read_text()
-    new = render(page)
-    if "--write" in argv:
-        PAGE.write_text(new)
-        if "--figure" in argv:
-            from interp.figures import export_static
 
-            data = results()
-            figures = {"prescribe_llama_cpp_pareto": pareto({k: v for k, v in data.items() if k not in GEMMA})}
-            if any(k in data for k in GEMMA):
-                figures["prescribe_llama_cpp_pareto_gemma"] = pareto({k: v for k, v in data.items() if k in GEMMA},
-                                                                     "Gemma-3-270m through llama.cpp")
-            export_static(figures, ROOT / "docs" / "img", formats=("png",))
-        return 0
-    if new != page:
-        print("docs/prescribe.md's llama.cpp tables differ from the data: run python docs/build_llama_cpp.py --write")
-        return 1
-    return 0
+    def figures() -> None:
+        from interp.figures import export_static
+
+        if "--figure" not in argv:
+            return
+        data = results()
+        made = {"prescribe_llama_cpp_pareto": pareto({k: v for k, v in data.items() if k not in GEMMA})}
+        if any(k in data for k in GEMMA):
+            made["prescribe_llama_cpp_pareto_gemma"] = pareto({k: v for k, v in data.items() if k in GEMMA},
+                                                              "Gemma-3-270m through llama.cpp")
+        export_static(made, ROOT / "docs" / "img", formats=("png",))
+
+    return refresh({PAGE: render(PAGE.read_text())}, "python docs/build_llama_cpp.py --write", "--write" in argv,
+                   figures)
 
 
 if __name__ == "__main__":

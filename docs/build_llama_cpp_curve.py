@@ -18,6 +18,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import llama_cpp_curve_tensors as tensors  # noqa: E402
+from _generated import refresh  # noqa: E402  (the one place generated files are written)
+
 PAGE = ROOT / "docs" / "prescribe.md"
 DATA = ROOT / "docs" / "data" / "prescribe" / "llama-cpp" / "llama-cpp-curve-1"
 MODELS = ("smollm2-135m", "gemma3-270m")
@@ -121,6 +126,53 @@ def additivity_table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def not_met(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """(size, arm) of every judged comparison whose registered verdict (the verdict table's) is not the goal."""
+    from llama_cpp_curve_analysis import GOAL  # only with results: it imports the statistics
+
+    return [(size, arm) for size, arms in r["primary"].items() for arm, p in arms.items()
+            if p["status"] == "judged" and p["verdict"] != GOAL]
+
+
+def where_the_bits_go(rows: list[dict[str, Any]]) -> str:
+    lines = ["| tensors | third of the blocks | weights | llama.cpp mix: bits per weight (types) | "
+             "plan: bits per weight, mean of the seeds (types, over the seeds) | mix - plan (bits per weight) | "
+             "share of the mix's extra bytes |", "|---|---|---:|---|---|---:|---:|"]
+    for x in rows:
+        share = "" if x["extra_share"] is None else f"{100 * x['extra_share']:.1f}%"
+        role = f"**{x['role']}**" if x["role"] == tensors.TOTAL else x["role"]
+        mix_types = f" ({x['mix_types']})" if x["mix_types"] else ""
+        plan_types = f" ({x['plan_types']})" if x["plan_types"] else ""
+        lines.append(f"| {role} | {x['third']} | {x['weights']} | {x['mix_bits']:.3f}{mix_types} | "
+                     f"{x['plan_bits']:.3f}{plan_types} | {x['difference']:+.3f} | {share} |")
+    return "\n".join(lines)
+
+
+def bits_section(r: dict[str, Any], folder: Path) -> list[str]:
+    """"Where the bits go" at every judged size and arm whose verdict is not the goal, from the committed
+    per-tensor records in ``folder`` (``tensor_types/``); nothing when every verdict is the goal."""
+    found = not_met(r)
+    if not found:
+        return []
+    parts = ["Where the bits go, at each size and arm whose verdict is not the goal: llama.cpp's mix (the same "
+             "tensor types plain or with either importance matrix) against the plan's files (their mean bytes over "
+             "the seeds), by role and third of the blocks, from each file's tensors as stored. Bits per weight = "
+             "8 x bytes / weights; the last column is each row's share of the bytes the mix spends beyond the "
+             "plan, over the rows where it spends more."]
+    for size, arm in found:
+        mix = folder / f"mix_plain-{size}.json"
+        plans = [folder / f"{arm}-{size}-{seed}.json" for seed in r["seeds"]]
+        title = f"**{size}, {ARMS[arm]}** ({r['primary'][size][arm]['verdict']})"
+        missing = [p.name for p in (mix, *plans) if not p.exists()]
+        if missing:
+            parts.append(f"{title}: no tensor-type record ({', '.join(missing)}).")
+            continue
+        rows = tensors.bits_table(tensors.read_record(mix)["tensors"],
+                                  [tensors.read_record(p)["tensors"] for p in plans])
+        parts += [f"{title}:", where_the_bits_go(rows)]
+    return parts
+
+
 def headline(r: dict[str, Any]) -> str:
     judged = [s for s, v in r["sizes"]["sizes"].items() if v["judged"]]
     parts = []
@@ -131,18 +183,34 @@ def headline(r: dict[str, Any]) -> str:
             f"Verdict counts, {'; '.join(parts)}.")
 
 
-def model_section(model: str, r: dict[str, Any] | None) -> str:
+def model_section(model: str, r: dict[str, Any] | None, tensor_types: Path | None = None) -> str:
+    """One model's part of the section; ``tensor_types``: the folder of its per-tensor records (default: the
+    committed ``tensor_types/`` beside its result)."""
     if r is None:
-        return (f"#### {model}\n\nNot run yet: no committed result under "
-                f"`docs/data/prescribe/llama-cpp/llama-cpp-curve-1/{model}/`.")
+        return f"#### {model}\n\n{progress(model)}"
     figure = figure_path(model).relative_to(ROOT / "docs")
     return "\n\n".join([
         f"#### {model}", headline(r), f"![{model}: file size against held-out mean KL]({figure})",
         "Primary: R = 1 - mean KL(plan) / mean KL(mix with an importance matrix), the seeds' pairs crossed with the "
         f"{len(r['examples']['heldout_ids'])} held-out examples ({r['n_boot']} resamples).", verdict_table(r),
         "Tails against each importance-matrix mix (a ratio's lower end above 1, or a difference's upper end below 0, "
-        "is 'worse'):", tail_table(r), "Secondary rows:", secondary_table(r), "Every file:", pareto_table(r),
+        "is 'worse'):", tail_table(r), *bits_section(r, tensor_types or DATA / model / "tensor_types"),
+        "Secondary rows:", secondary_table(r), "Every file:", pareto_table(r),
         additivity_table(r)])
+
+
+def progress(model: str, folder: Path | None = None) -> str:
+    """What a model without a result has done: nothing, or the sizes its kept run state has finished (a size is
+    finished when its tensor-type records are written, after its last score)."""
+    folder = folder or DATA / model
+    where = f"`docs/data/prescribe/llama-cpp/llama-cpp-curve-1/{model}/`"
+    if not (folder / "run.json").is_file():
+        return f"Not run yet: no committed result under {where}."
+    sizes = json.loads((folder / "sizes.json").read_text())["sizes"] if (folder / "sizes.json").is_file() else {}
+    done = [z for z in sizes if (folder / "tensor_types" / f"mix_plain-{z}.json").is_file()]
+    return (f"In progress: {len(done)} of {len(sizes) or 'its'} sizes scored ({', '.join(done) or 'none yet'}). "
+            f"The run's state is kept under {where} and `benchmarks/llama_cpp_curve.py --model {model}` resumes it; "
+            "no verdict is read before every size is scored.")
 
 
 def section(data: dict[str, dict[str, Any]]) -> str:
@@ -183,21 +251,16 @@ def pareto(r: dict[str, Any], model: str) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    page = PAGE.read_text()
-    new = render(page)
-    if "--write" in argv:
-        PAGE.write_text(new)
-        if "--figure" in argv:
-            from interp.figures import export_static
 
-            figures = {figure_path(m).stem: pareto(r, m) for m, r in results().items()}
-            export_static(figures, ROOT / "docs" / "img", formats=("png",))
-        return 0
-    if new != page:
-        print("docs/prescribe.md's curve section differs from the data: run python docs/build_llama_cpp_curve.py "
-              "--write")
-        return 1
-    return 0
+    def figures() -> None:
+        from interp.figures import export_static
+
+        if "--figure" in argv:
+            made = {figure_path(m).stem: pareto(r, m) for m, r in results().items()}
+            export_static(made, ROOT / "docs" / "img", formats=("png",))
+
+    return refresh({PAGE: render(PAGE.read_text())}, "python docs/build_llama_cpp_curve.py --write", "--write" in argv,
+                   figures)
 
 
 if __name__ == "__main__":

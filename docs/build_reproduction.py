@@ -30,6 +30,8 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "docs"))
+from _generated import refresh  # noqa: E402  (the one place generated files are written)
 
 from interp.report import reproduction as rp  # noqa: E402  (the checkout's own package)
 from interp.report.stages.saobp_training import (  # noqa: E402
@@ -836,22 +838,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--write", action="store_true")
     mode.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
-    page = PAGE.read_text()
-    fresh = render(page)
-    csv = rp.side_by_side(columns()).to_csv(index=False)
-    pages = {ROOT / "docs" / name: render_page(name, (ROOT / "docs" / name).read_text()) for name in PAGE_CLAIMS}
-    if args.write:
-        PAGE.write_text(fresh)
-        (DATA / "side_by_side.csv").write_text(csv)
-        for path, text in pages.items():
-            path.write_text(text)
-        return 0
-    stale = [path.name for path, text in pages.items() if path.read_text() != text]
-    if fresh != page or (DATA / "side_by_side.csv").read_text() != csv or stale:
-        print(f"docs/reproduction.md{', ' + ', '.join(stale) if stale else ''} differ from the committed data: run "
-              "python docs/build_reproduction.py --write")
-        return 1
-    return 0
+    files = {PAGE: render(PAGE.read_text()), DATA / "side_by_side.csv": rp.side_by_side(columns()).to_csv(index=False)}
+    files.update({ROOT / "docs" / name: render_page(name, (ROOT / "docs" / name).read_text()) for name in PAGE_CLAIMS})
+    return refresh(files, "python docs/build_reproduction.py --write", args.write)
 
 
 if __name__ == "__main__":

@@ -28,8 +28,9 @@ def test_the_page_is_generated_from_the_committed_raw_data(tmp_path):
 def test_a_hand_edited_number_is_caught(tmp_path):
     page = tmp_path / "survival.md"
     page.write_text(f"# S\n\n{survival_page.BEGIN}\n| x | 0.51 [0.40, 0.62] |\n{survival_page.END}\n")
-    survival_page.write(tmp_path / "raw-none", page)
-    assert "0.51 [0.40, 0.62]" not in page.read_text()
+    (tmp_path / "raw-empty").mkdir()  # a raw folder with no model in it: every model 'Not run yet'
+    survival_page.write(tmp_path / "raw-empty", page)
+    assert "0.51 [0.40, 0.62]" not in page.read_text() and "Not run yet" in page.read_text()
 
 
 def test_a_page_without_markers_is_refused(tmp_path):
@@ -37,5 +38,9 @@ def test_a_page_without_markers_is_refused(tmp_path):
 
     page = tmp_path / "survival.md"
     page.write_text("# no markers\n")
+    (tmp_path / "raw-empty").mkdir()
     with pytest.raises(DataError, match="markers"):
+        survival_page.write(tmp_path / "raw-empty", page)
+    assert page.read_text() == "# no markers\n"
+    with pytest.raises(DataError, match="is not a folder"):  # a mistyped --raw never empties the section
         survival_page.write(tmp_path / "raw-none", page)

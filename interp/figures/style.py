@@ -84,7 +84,11 @@ def export_static(figures: Mapping[str, go.Figure], folder: str | Path, formats:
             figs.append(fig)
             paths.append(out / f"{name}.{fmt}")
     try:  # one browser for all of them, through the one writer (each file renamed into place)
-        return io.write_many(paths, lambda tmps: pio.write_images(figs, tmps, scale=scale, width=900, height=520))
+        # a figure sized for its content (e.g. one column per circuit edge) keeps its size; others get 900 x 520
+        widths = [fig.layout.width or 900 for fig in figs]
+        heights = [fig.layout.height or 520 for fig in figs]
+        return io.write_many(paths, lambda tmps: pio.write_images(figs, tmps, scale=scale, width=widths,
+                                                                  height=heights))
     except ResourceError:
         raise  # a full or read-only disk, in the writer's words
     except Exception as exc:  # noqa: BLE001 - kaleido reports browser problems in many ways

@@ -37,7 +37,16 @@ def unit_heatmap(frame: pd.DataFrame, unit: str, value: str, title: str) -> go.F
         text[i, j] = "~" + SHORT.get(verdict.split(": ")[-1].split(" /")[0], verdict) \
             if verdict.startswith("on the boundary") else SHORT.get(verdict, verdict)
     labels = [f"head {u}" if unit == "head" else str(u) for u in units]
-    fig = go.Figure(go.Heatmap(z=z, x=labels, y=methods, text=text, texttemplate="%{text}", zmin=0, zmax=1.2,
-                               colorscale="RdYlGn", colorbar={"title": "quantized / reference"}))
+    fig = go.Figure(go.Heatmap(z=z, x=labels, y=methods, text=text, texttemplate="%{text}", textfont={"size": 13},
+                               zmin=0, zmax=1.2, colorscale="RdYlGn", colorbar={"title": "quantized / reference"}))
     fig.update_yaxes(autorange="reversed")
-    return styled(fig, title, x=unit, y="quantized model")
+    fig = styled(fig, title, x=unit, y="quantized model")
+    # wide enough that a verdict fits its cell (16 edges at the default width left 7-pixel text), and the labels
+    # read: '?' not resolved, '~' on the boundary (a deciding bound within 2 Monte Carlo SEs of its threshold)
+    fig.update_layout(width=max(900, 300 + 95 * len(units)), height=max(520, 300 + 60 * len(methods)),
+                      margin={"t": 110})
+    fig.add_annotation(text="cell: the registered verdict. ?: not resolved; ~: on the boundary (within 2 Monte Carlo "
+                            "SEs of its threshold). Colour: the point ratio, clipped to 0-1.2",
+                       xref="paper", yref="paper", x=0, y=1.02, yanchor="bottom", showarrow=False,
+                       xanchor="left", font={"size": 12})
+    return fig
