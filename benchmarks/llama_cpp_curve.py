@@ -17,11 +17,17 @@ Follows ``docs/preregistration/llama-cpp-curve-1.json`` (read here, never edited
    its mean KL, NLL and top-token agreement (parquet), per position its KL (float32) and agreement (uint8)
    in a safetensors file, the sufficient data of the tail metrics.
 6. The registered analysis (``benchmarks/llama_cpp_curve_analysis.py``) writes ``result.json``; with
-   ``--write`` it and the scores, plans and records go to
-   ``docs/data/prescribe/llama-cpp/llama-cpp-curve-1/<model>/`` (``docs/build_llama_cpp_curve.py`` renders the page).
+   ``--write`` it and the scores, plans, records and every file's tensor types (``tensor_types/``) go to
+   ``docs/data/prescribe/llama-cpp/llama-cpp-curve-1/<model>/`` (``docs/build_llama_cpp_curve.py`` renders the page;
+   ``--dry-run`` writes them to its own folder's ``written/``).
 
 Every phase writes its result as it finishes, so a killed run resumes where it stopped; ``run.json``
 records each (re)start with the commit, the registration's SHA-256, the CPU and its flags and torch's kernels.
+The working folder is not kept between machines, so after every phase and every scored size its small files
+(:data:`KEPT`: records, importance matrices, sensitivities, plans' tensor-type files, scores, tensor-type
+records; not the GGUF files) are copied to the kept folder (``--keep``, by default the committed
+``docs/data/.../<model>/``), and a run on a new machine restores them first: committing that folder saves the work
+done so far, and only the GGUF files of the sizes not yet scored are made again (a plan's with its recorded bytes).
 Scoring uses ``LLAMA_THREADS`` threads (default 1: the logits do not depend on it, see :func:`run_model`).
 
     LLAMA_CPP_BIN=/path/to/build/bin PYTHONPATH=/folder/holding/llama_cpp \\
@@ -59,6 +65,7 @@ for _path in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(_path))
 
 import llama_cpp_curve_analysis as curve  # noqa: E402
+import llama_cpp_curve_tensors as tensors  # noqa: E402
 import llama_cpp_plans as plans  # noqa: E402
 
 import interp  # noqa: E402
@@ -88,6 +95,7 @@ class Setup:
     run: Path
     reference_limit: int | None = None  # bytes: only sizes whose plain mix is smaller are judged
     mc_seeds: tuple[int, ...] = tuple(range(1, 21))
+    keep: Path | None = None  # the committed copy of the run's small files (:func:`keep_state`)
 
     @property
     def seeds(self) -> list[int]:
@@ -132,6 +140,77 @@ def record_start(s: Setup) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------
+# The kept state: what a later session (on another machine) needs to go on where this one stopped
+
+
+# Every file of the run folder a resumed run cannot remake cheaply or identically: the records, both tools'
+# importance matrices, the sensitivities, the plans' tensor-type files, the scores and each scored size's
+# tensor-type records. The GGUF files (about 12 GB on SmolLM2) are not kept: llama-quantize remakes them from
+# the F32 reference, these importance matrices and these tensor-type files, and a remade plan must have its
+# recorded bytes (:func:`remake_plan`).
+# llama-quantize stores the --imatrix path as given in the file's metadata, and its length moves the file's size
+# through the alignment padding (32 bytes on the dry run's tiny model): every file made with an importance matrix
+# is made in the run folder with the matrix's bare name, so a plan made again elsewhere has its recorded bytes.
+KEPT = ("run.json", "sizes.json", "examples.json", "plans.json", "imatrix-*.gguf", "imatrix-*.json",
+        "sensitivity-*.json", "sensitivity-*.safetensors", "plan_*.txt", "scores/*", "tensor_types/*")
+
+
+def kept_files(folder: Path) -> list[Path]:
+    """The files of ``folder`` that :data:`KEPT` names, relative to it, sorted."""
+    return sorted({p.relative_to(folder) for pattern in KEPT for p in folder.glob(pattern) if p.is_file()})
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.stat().st_size == b.stat().st_size and _sha256(a) == _sha256(b)
+
+
+def restore_state(s: Setup) -> int:
+    """Copy into the run folder every kept file (``s.keep``) it lacks; the number copied.
+
+    The kept folder must hold a run of this registration text and model, and a file in both places must be the
+    same bytes (``run.json`` excepted: the run folder's list of starts grows), or the two runs differ and nothing
+    is copied: results are only ever combined with what was computed from identical inputs."""
+    if s.keep is None or not (s.keep / "run.json").is_file():
+        return 0
+    kept = _read(s.keep / "run.json")
+    if kept.get("registration_sha256") != s.sha or kept.get("model") != s.model:
+        raise SystemExit(f"{s.keep} keeps a run of another registration text or model; it cannot be resumed here")
+    names = kept_files(s.keep)
+    differ = [str(n) for n in names if n != Path("run.json") and (s.run / n).is_file()
+              and not _same_file(s.run / n, s.keep / n)]
+    if differ:
+        raise SystemExit(f"{s.run} and the kept run {s.keep} differ in {', '.join(differ[:5])}"
+                         f"{' ...' if len(differ) > 5 else ''}: they are two runs; resume one (--run, --keep)")
+    copied = 0
+    for name in names:
+        target = s.run / name
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_file(target, lambda tmp, src=s.keep / name: shutil.copyfile(src, tmp))
+            copied += 1
+    if copied:
+        log(f"restored {copied} files from {s.keep}")
+    return copied
+
+
+def keep_state(s: Setup) -> None:
+    """Copy the run folder's kept files (:data:`KEPT`) that are new or changed to ``s.keep``, each whole or not at
+    all: called after every phase and every scored size, so committing ``s.keep`` saves the work done so far."""
+    if s.keep is not None:
+        copy_kept(s.run, s.keep)
+
+
+def copy_kept(source: Path, target: Path) -> None:
+    """Copy ``source``'s kept files (:data:`KEPT`) that ``target`` lacks or holds with other bytes, each whole or
+    not at all; a file already there with the same bytes is left as it is."""
+    for name in kept_files(source):
+        dst = target / name
+        if not dst.is_file() or not _same_file(source / name, dst):
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            write_file(dst, lambda tmp, src=source / name: shutil.copyfile(src, tmp))
+
+
+# ---------------------------------------------------------------------------------------
 # Phase 1: the reference and the plain mixes; the sizes judged
 
 
@@ -146,12 +225,26 @@ def registered_limit(reg: dict[str, Any], model: str, source: Path) -> int | Non
     return limit
 
 
+def size_done(s: Setup, size: str) -> bool:
+    """Whether ``size`` is finished: all its plans recorded, all its files scored and their tensor types recorded
+    (then a resumed run makes none of its GGUF files again)."""
+    path = s.run / "plans.json"
+    if not path.exists():
+        return False
+    record = _read(path)
+    if any(curve.stem(arm, size, seed) not in record for arm in curve.ARMS for seed in s.seeds):
+        return False
+    scored = all((s.run / "scores" / f"{n}.{ext}").is_file() for n in file_names(s, size, record)
+                 for ext in ("parquet", "safetensors"))
+    return scored and all((s.run / "tensor_types" / f"{n}.json").is_file() for n in record_names(s, size, record))
+
+
 def phase_mixes(s: Setup) -> dict[str, Any]:
     (s.run / "gguf").mkdir(parents=True, exist_ok=True)
     plans.quantize(s.binary, s.source, s.gguf("ref-f32"), "F32", "--allow-requantize")
-    for size in s.sizes:
-        plans.quantize(s.binary, s.gguf("ref-f32"), s.gguf(curve.stem(curve.PLAIN, size)), size)
     path = s.run / "sizes.json"
+    for size in s.sizes if not path.exists() else [z for z in s.sizes if not size_done(s, z)]:
+        plans.quantize(s.binary, s.gguf("ref-f32"), s.gguf(curve.stem(curve.PLAIN, size)), size)
     if not path.exists():  # fixed once, from the files, before any score
         sizes = {}
         for size in s.sizes:
@@ -251,9 +344,9 @@ def phase_imatrices(s: Setup, model: Any, calibration: dict[int, Any]) -> None:
 def phase_imatrix_mixes(s: Setup) -> None:
     for seed in s.seeds:
         for short, kind in curve.BASELINES.items():
-            for size in s.sizes:
+            for size in [z for z in s.sizes if not size_done(s, z)]:
                 plans.quantize(s.binary, s.gguf("ref-f32"), s.gguf(curve.stem(kind, size, seed)), size, "--imatrix",
-                               str(s.run / f"imatrix-{short}-{seed}.gguf"))
+                               f"imatrix-{short}-{seed}.gguf", cwd=s.run)  # stored as given: see KEPT
 
 
 def phase_sensitivity(s: Setup, model: Any, calibration: dict[int, Any]) -> dict[int, dict[str, Any]]:
@@ -269,11 +362,11 @@ def phase_sensitivity(s: Setup, model: Any, calibration: dict[int, Any]) -> dict
     for seed, rows in calibration.items():
         path = s.run / f"sensitivity-{seed}.safetensors"
         if not path.exists():
-            flag = ("--imatrix", str(s.run / f"imatrix-interp-{seed}.gguf"))
+            flag = ("--imatrix", f"imatrix-interp-{seed}.gguf")
             pure = {}
             for t in types:
                 f = s.gguf(f"pure-{t}-{seed}")
-                plans.quantize(s.binary, s.gguf("ref-f32"), f, t.upper(), "--pure", *flag)
+                plans.quantize(s.binary, s.gguf("ref-f32"), f, t.upper(), "--pure", *flag, cwd=s.run)
                 pure[t] = gguf_block_weights(f)
             log(f"Fisher sensitivity, calibration seed {seed}")
             result = fisher_sensitivity(model, rows, rounding_of(pure), chunks=len(rows), batch_size=8,
@@ -320,8 +413,8 @@ def make_plan(s: Setup, arm: str, size: str, seed: int, sen: dict[str, Any],
         order = sorted(types)
         write_tensor_types(type_file, [WeightShape(layer, role, *shapes[layer, role]) for layer, role in order],
                            {f"{layer}.{role}": types[layer, role] for layer, role in order})
-        return run_quantize(s.binary, s.gguf("ref-f32"), s.gguf(name), size, "--imatrix",
-                            str(s.run / f"imatrix-interp-{seed}.gguf"), "--tensor-type-file", str(type_file))
+        return run_quantize(s.binary, s.gguf("ref-f32"), s.gguf(name), size, "--imatrix", f"imatrix-interp-{seed}.gguf",
+                            "--tensor-type-file", str(type_file), cwd=s.run)
 
     try:
         types, made, slack = fit_to_size(choose, write, capacity, limit, lambda x: log(f"{name}: {x} bytes less"))
@@ -339,17 +432,35 @@ def phase_plans(s: Setup, sens: dict[int, dict[str, Any]]) -> dict[str, Any]:
     record: dict[str, Any] = _read(path) if path.exists() else {}
     shapes = {(w.layer, w.role): (w.d_out, w.d_in) for w in gguf_shapes(s.gguf("ref-f32"))}
     for size in s.sizes:
-        capacity = block_bytes(s.gguf(curve.stem(curve.PLAIN, size)))
         for seed in s.seeds:
-            baselines = [curve.stem(curve.PLAIN, size), *(curve.stem(k, size, seed) for k in curve.BASELINES.values())]
-            limit = min(s.gguf(b).stat().st_size for b in baselines)  # the plan must fit under each
             for arm in curve.ARMS:
                 name = curve.stem(arm, size, seed)
                 if name not in record:
+                    capacity = block_bytes(s.gguf(curve.stem(curve.PLAIN, size)))
+                    baselines = [curve.stem(curve.PLAIN, size),
+                                 *(curve.stem(k, size, seed) for k in curve.BASELINES.values())]
+                    limit = min(s.gguf(b).stat().st_size for b in baselines)  # the plan must fit under each
                     record[name] = make_plan(s, arm, size, seed, sens[seed], shapes, capacity, limit)
                     write_json(path, sanitize(record))
+                    keep_state(s)
                     log(f"{name}: {record[name].get('bytes', 'no plan fits')} bytes (limit {limit})")
     return record
+
+
+def remake_plan(s: Setup, arm: str, size: str, seed: int, record: dict[str, Any]) -> None:
+    """A recorded plan's GGUF file made again (a resumed run on another machine) from its kept tensor-type file and
+    the kept importance matrix, as :func:`make_plan` made it; refused unless it has the recorded bytes."""
+    name = curve.stem(arm, size, seed)
+    if s.gguf(name).exists() or not record[name]["fits"]:
+        return
+    made = run_quantize(s.binary, s.gguf("ref-f32"), s.gguf(name), size, "--imatrix", f"imatrix-interp-{seed}.gguf",
+                        "--tensor-type-file", str(s.run / f"{name}.txt"), cwd=s.run)
+    if made.stat().st_size != record[name]["bytes"]:
+        found = made.stat().st_size
+        made.unlink()
+        raise SystemExit(f"{name}.gguf made again has {found} bytes, not the recorded {record[name]['bytes']}: this "
+                         "llama.cpp build quantizes differently from the run's; resume with the same build")
+    log(f"{name}: made again from its tensor-type file ({record[name]['bytes']} bytes)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -412,12 +523,28 @@ def file_names(s: Setup, size: str, record: dict[str, Any]) -> list[str]:
                     if record[curve.stem(arm, size, seed)]["fits"]]
 
 
+def record_names(s: Setup, size: str, record: dict[str, Any]) -> list[str]:
+    """The tensor-type records of ``size``: one per mix kind (:func:`write_size_records`), one per plan that fits."""
+    plans_made = [curve.stem(arm, size, seed) for arm in curve.ARMS for seed in s.seeds]
+    return [f"{kind}-{size}" for kind in (curve.PLAIN, *curve.BASELINES.values())] + [
+        name for name in plans_made if record[name]["fits"]]
+
+
 def phase_scores(s: Setup, rows: Any, record: dict[str, Any]) -> None:
+    """Size by size: its plans' GGUF files made again where a resumed run lacks them, its unscored files scored,
+    its tensor types recorded (``tensor_types/``), and the state kept."""
     for size in s.sizes:
+        if size_done(s, size):
+            continue
+        for arm in curve.ARMS:
+            for seed in s.seeds:
+                remake_plan(s, arm, size, seed, record)
         todo = [n for n in file_names(s, size, record) if not (s.run / "scores" / f"{n}.parquet").exists()]
         if todo:
             log(f"{size}: scoring {len(todo)} files on {len(rows)} held-out examples")
             score_group(s, todo, rows.tokens)
+        write_size_records(s, size, s.run / "tensor_types", record)
+        keep_state(s)
 
 
 # ---------------------------------------------------------------------------------------
@@ -461,13 +588,41 @@ def analyse(s: Setup, scores_folder: Path | None = None) -> dict[str, Any]:
             "run": _read(s.run / "run.json"), "environment": plans.environment()}
 
 
+def write_size_records(s: Setup, size: str, folder: Path, record: dict[str, Any]) -> list[Path]:
+    """Per-tensor types and bytes (:func:`llama_cpp_curve_tensors.tensor_record`) of every mix kind and size and of
+    every plan file that fits, as ``folder/<stem>.json``: the page's "where the bits go" tables are made from these,
+    never from ``runs/``.
+
+    One record per mix kind and size (``mix_plain-Q4_K_M.json``, ``mix_interp_imatrix-Q4_K_M.json``, ...): the
+    plain mix and every seed's importance-matrix mixes of a size hold the same tensors, types and bytes
+    (llama-quantize's mix rule for the K-quant mixes does not read the importance matrix). Verified on SmolLM2's
+    run (all 9 sizes, each size's 6 importance-matrix files equal to its plain mix, 2026-12-05) and on the dry run;
+    a file that differs is refused here rather than recorded under another's name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    plain = curve.stem(curve.PLAIN, size)
+    held = tensors.gguf_tensors(s.gguf(plain))
+    for kind in (curve.PLAIN, *curve.BASELINES.values()):
+        names = [plain] if kind == curve.PLAIN else [curve.stem(kind, size, seed) for seed in s.seeds]
+        for name in names:
+            if tensors.gguf_tensors(s.gguf(name)) != held:
+                raise SystemExit(f"{name}.gguf holds other tensor types or bytes than {plain}.gguf; the "
+                                 "tensor-type records assume a size's mixes share them")
+        written.append(folder / f"{kind}-{size}.json")
+        write_json(written[-1], tensors.tensor_record(s.gguf(names[0]), names))
+    for arm in curve.ARMS:
+        for seed in s.seeds:
+            name = curve.stem(arm, size, seed)
+            if record[name]["fits"]:
+                written.append(folder / f"{name}.json")
+                write_json(written[-1], tensors.tensor_record(s.gguf(name)))
+    return written
+
+
 def publish(s: Setup, result: dict[str, Any], out: Path) -> None:
-    """Copy the result, the scores, the plans and the records to ``out`` (docs/data/...)."""
-    (out / "scores").mkdir(parents=True, exist_ok=True)
-    for p in (s.run / "scores").iterdir():
-        shutil.copyfile(p, out / "scores" / p.name)
-    for p in [*s.run.glob("plan_*.txt"), s.run / "sizes.json", s.run / "plans.json", s.run / "examples.json"]:
-        shutil.copyfile(p, out / p.name)
+    """Copy the run's kept files (:data:`KEPT`: the scores, plans, records, importance matrices, sensitivities and
+    every file's tensor types, ``tensor_types/``) and the result to ``out`` (docs/data/...)."""
+    copy_kept(s.run, out)
     write_json(out / "result.json", sanitize(result))
 
 
@@ -478,14 +633,19 @@ def run_model(s: Setup, write: bool) -> dict[str, Any]:
     # its 2 threads spin at each barrier while the other waits for a core: 1-9 s an example where 1 thread
     # took 0.5 s (SmolLM2, load 4.5, 2026-12-05).
     os.environ.setdefault("LLAMA_THREADS", "1")
+    s.run.mkdir(parents=True, exist_ok=True)
+    restore_state(s)
     record_start(s)
     sizes = phase_mixes(s)
+    keep_state(s)
     log(f"sizes judged: {[k for k, v in sizes['sizes'].items() if v['judged']]}")
     model = interp.load_model(str(s.source) if s.model == "dry-run" else s.model)
     rows, calibration = examples(s, model.tokenizer)
     phase_imatrices(s, model, calibration)
+    keep_state(s)
     phase_imatrix_mixes(s)
     sens = phase_sensitivity(s, model, calibration)
+    keep_state(s)
     del model
     record = phase_plans(s, sens)
     phase_scores(s, rows, record)
@@ -493,6 +653,8 @@ def run_model(s: Setup, write: bool) -> dict[str, Any]:
     write_json(s.run / "result.json", sanitize(result))
     if write:
         publish(s, result, OUT / s.model)
+    elif s.model == "dry-run":  # the --write path too, into the dry run's own folder
+        publish(s, result, s.run / "written")
     log(json.dumps({arm: {k: v for k, v in counts.items() if v} for arm, counts in result["headline"].items()}))
     return result
 
@@ -508,7 +670,7 @@ def dry_registration(reg: dict[str, Any]) -> dict[str, Any]:
     return dry
 
 
-def setup(model: str, run: Path | None, binary: Path, dry: bool) -> Setup:
+def setup(model: str, run: Path | None, binary: Path, dry: bool, keep: Path | None = None) -> Setup:
     reg, sha = plans.registration(NAME)
     if dry:
         sys.path.insert(0, str(ROOT / "tests"))
@@ -520,14 +682,15 @@ def setup(model: str, run: Path | None, binary: Path, dry: bool) -> Setup:
         if not source.exists():
             write_tiny_gguf(source)
         reg = dry_registration(reg)
-        return Setup(reg, sha, "dry-run", source, reg["models"]["dry-run"]["sizes"], binary, run, None, (1, 2, 3))
+        return Setup(reg, sha, "dry-run", source, reg["models"]["dry-run"]["sizes"], binary, run, None, (1, 2, 3),
+                     keep)
     from interp.models import _bundled_gguf
 
     if model not in reg["models"]:
         raise SystemExit(f"--model {model}: the registration names {', '.join(reg['models'])}")
     source = _bundled_gguf(model)
     return Setup(reg, sha, model, source, list(reg["models"][model]["sizes"]), binary,
-                 run or ROOT / "runs" / NAME / model, registered_limit(reg, model, source))
+                 run or ROOT / "runs" / NAME / model, registered_limit(reg, model, source), keep=keep or OUT / model)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -537,13 +700,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "--dry-run: a new temporary folder)")
     parser.add_argument("--write", action="store_true", help="copy the results to docs/data (not with --dry-run)")
     parser.add_argument("--dry-run", action="store_true", help="every phase on a tiny GGUF in minutes")
+    parser.add_argument("--keep", default=None, help="where the run's small files are kept as it goes and restored "
+                        "from on a resume (default docs/data/prescribe/llama-cpp/llama-cpp-curve-1/MODEL; --dry-run: "
+                        "none unless named)")
     args = parser.parse_args(argv)
     binary = Path(os.environ.get("LLAMA_CPP_BIN", ""))
     if not all((binary / tool).is_file() for tool in ("llama-quantize", "llama-imatrix")):
         raise SystemExit("set LLAMA_CPP_BIN to the folder holding llama-quantize, llama-imatrix and libllama.so")
     if args.dry_run and args.write:
         raise SystemExit("--dry-run writes to its own folder only")
-    s = setup(args.model, Path(args.run) if args.run else None, binary, args.dry_run)
+    s = setup(args.model, Path(args.run) if args.run else None, binary, args.dry_run,
+              Path(args.keep) if args.keep else None)
     start = time.perf_counter()
     result = run_model(s, args.write)
     log(f"{s.model}: done in {time.perf_counter() - start:.0f} s ({s.run})")

@@ -76,10 +76,10 @@ def registration(name: str) -> tuple[dict[str, Any], str]:
     return json.loads(raw), hashlib.sha256(raw).hexdigest()
 
 
-def quantize(binary: Path, src: Path, dst: Path, mix: str, *extra: str) -> None:
-    """``llama-quantize`` through interp (the file whole or absent), skipped when ``dst`` exists."""
+def quantize(binary: Path, src: Path, dst: Path, mix: str, *extra: str, cwd: Path | None = None) -> None:
+    """``llama-quantize`` through interp (the file whole or absent, run in ``cwd``), skipped when ``dst`` exists."""
     if not dst.exists():
-        run_quantize(binary, src, dst, mix, *extra)
+        run_quantize(binary, src, dst, mix, *extra, cwd=cwd)
 
 
 def mixes(reg: dict[str, Any]) -> tuple[str, ...]:

@@ -231,9 +231,22 @@ def test_the_curve_section_is_generated_from_the_committed_data():
     block = page[page.index("<!-- curve1:begin -->"):page.index("<!-- curve1:end -->")]
     data = page_builder.results()
     for model in page_builder.MODELS:
-        assert (f"#### {model}\n\nNot run yet" in block) == (model not in data)
+        assert (f"#### {model}\n\n{page_builder.progress(model)}" in block) == (model not in data)
     edited = page.replace(block, block.replace("####", "#####", 1))
     assert edited != page and page_builder.render(edited) == page
+
+
+def test_a_run_in_progress_says_which_sizes_are_scored(tmp_path):
+    """Before its result, a model's section says how far its kept state got: a size counts once its tensor-type
+    records are written (after its last score), never from scores alone; with no run.json, 'Not run yet'."""
+    assert page_builder.progress("m", tmp_path).startswith("Not run yet")
+    (tmp_path / "run.json").write_text("{}")
+    assert page_builder.progress("m", tmp_path).startswith("In progress: 0 of its sizes scored (none yet)")
+    (tmp_path / "sizes.json").write_text(json.dumps({"sizes": {"Q2_K": {}, "Q3_K_S": {}, "Q3_K_M": {}}}))
+    (tmp_path / "tensor_types").mkdir()
+    (tmp_path / "tensor_types" / "mix_plain-Q3_K_M.json").write_text("{}")
+    (tmp_path / "tensor_types" / "plan_mean-Q3_K_S-41.json").write_text("{}")  # Q3_K_S not finished
+    assert page_builder.progress("m", tmp_path).startswith("In progress: 1 of 3 sizes scored (Q3_K_M).")
 
 
 def test_committed_curve_results_recompute_from_their_scores():
@@ -278,8 +291,8 @@ def test_the_dry_run_makes_every_phase_and_resumes(tmp_path, monkeypatch):
     from interp.quant.llama_cpp_run import block_types
 
     monkeypatch.setenv("LLAMA_CPP_LIB_PATH", BUILD)
-    run = tmp_path / "dry"
-    result = bench.main(["--dry-run", "--run", str(run)])
+    run, keep = tmp_path / "dry", tmp_path / "kept"
+    result = bench.main(["--dry-run", "--run", str(run), "--keep", str(keep)])
     sizes = result["sizes"]["sizes"]
     assert list(sizes) == ["Q2_K", "Q4_K_M"] and all(v["judged"] for v in sizes.values())
     for name, plan in result["plans"].items():
@@ -296,11 +309,39 @@ def test_the_dry_run_makes_every_phase_and_resumes(tmp_path, monkeypatch):
     assert sum(sum(c.values()) for c in result["headline"].values()) == 2 * 2
     assert set(result["examples"]["heldout_ids"]).isdisjoint(bench.earlier_ids(bench.OUT))
     made = {p: p.stat().st_mtime_ns for p in run.rglob("*.gguf")}
-    again = bench.main(["--dry-run", "--run", str(run)])
+    again = bench.main(["--dry-run", "--run", str(run), "--keep", str(keep)])
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*.gguf")} == made  # nothing remade
     assert json.dumps(again["primary"], sort_keys=True) == json.dumps(result["primary"], sort_keys=True)
     assert len(json.loads((run / "run.json").read_text())["starts"]) == 2
     assert "dry-run" in page_builder.model_section("dry-run", again)
+    # the --write path, into the dry run's own folder: each file's tensor types as llama-quantize stored them
+    import llama_cpp_curve_tensors as tensors
+
+    records = run / "written" / "tensor_types"
+    assert sorted(p.stem for p in records.glob("*.json")) == sorted(
+        [f"{k}-{size}" for k in curve.KINDS[:3] for size in sizes] + list(result["plans"]))
+    for path in records.glob("*.json"):
+        record = tensors.read_record(path)
+        assert record["tensors"] == tensors.gguf_tensors(run / "gguf" / f"{record['file']}.gguf")
+    section = page_builder.model_section("dry-run", again, records)
+    assert "no tensor-type record" not in section
+    assert ("Where the bits go" in section) == any(p.get("verdict") not in (None, curve.GOAL)
+                                                   for arms in again["primary"].values() for p in arms.values())
+    # another machine: only the kept state, one size's plan score and records lost; that size's GGUF files are
+    # made again (the plan's with its recorded bytes), only the lost file is scored, and the result is the same
+    assert not list(keep.rglob("*.gguf*")) or all(p.name.startswith("imatrix-") for p in keep.rglob("*.gguf"))
+    lost = curve.stem("plan_mean", "Q2_K", 41)
+    for path in [keep / "scores" / f"{lost}.parquet", keep / "scores" / f"{lost}.safetensors",
+                 *(keep / "tensor_types").glob("*Q2_K*")]:
+        path.unlink()
+    elsewhere = tmp_path / "elsewhere"
+    moved = bench.main(["--dry-run", "--run", str(elsewhere), "--keep", str(keep)])
+    assert json.dumps(moved["primary"], sort_keys=True) == json.dumps(result["primary"], sort_keys=True)
+    remade = sorted(p.stem for p in (elsewhere / "gguf").glob("*.gguf"))
+    assert remade == sorted(["ref-f32", curve.stem(curve.PLAIN, "Q2_K"), *(n for n in moved["plans"] if "-Q2_K-" in n),
+                             *(curve.stem(k, "Q2_K", seed) for seed in (41, 42) for k in curve.BASELINES.values())])
+    assert (keep / "scores" / f"{lost}.parquet").is_file() and len(json.loads((keep / "run.json").read_text())[
+        "starts"]) == 3
 
 
 @pytest.mark.skipif(not HAVE_BUILD, reason=NO_BUILD)

@@ -88,12 +88,13 @@ def gguf_source(model: str) -> Path | None:
     return Path(model).expanduser() if model.endswith(".gguf") else None
 
 
-def _run(build: Path, tool: str, args: Sequence[str], log: list[str] | None = None) -> str:
-    """Run ``tool`` of ``build`` with ``args``; its output (stdout and stderr), or a ToolError naming its last line."""
-    command = [str(build / tool), *map(str, args)]
+def _run(build: Path, tool: str, args: Sequence[str], log: list[str] | None = None, cwd: Path | None = None) -> str:
+    """Run ``tool`` of ``build`` with ``args`` (in ``cwd`` if given); its output (stdout and stderr), or a ToolError
+    naming its last line."""
+    command = [os.path.abspath(build / tool), *map(str, args)]
     try:
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                              check=False)
+                              check=False, cwd=cwd)
     except OSError as error:
         raise ToolError(f"cannot run {command[0]} ({error})") from None
     if log is not None:
@@ -114,12 +115,18 @@ def quantize_command(tool: str | os.PathLike[str], source: str | os.PathLike[str
 
 
 def quantize(build: Path, source: str | os.PathLike[str], target: str | os.PathLike[str], ggml_type: str, *flags: str,
-             threads: int | None = None, log: list[str] | None = None) -> Path:
-    """``llama-quantize [FLAGS] SOURCE TARGET TYPE``, the file written through :func:`interp.io.write_file`."""
+             threads: int | None = None, log: list[str] | None = None, cwd: Path | None = None) -> Path:
+    """``llama-quantize [FLAGS] SOURCE TARGET TYPE``, the file written through :func:`interp.io.write_file`.
+
+    ``cwd``: the folder it runs in, which relative paths in ``flags`` are read from. llama-quantize stores the
+    ``--imatrix`` path as given in the file's metadata (``quantize.imatrix.file``), so the file's size depends on
+    that path's length (through the alignment padding); a path relative to ``cwd`` keeps it the same wherever the
+    folder lies."""
     from interp.io import write_file
 
     def produce(tmp: Path) -> None:
-        _run(build, "llama-quantize", quantize_command("", source, tmp, ggml_type, *flags, threads=threads)[1:], log)
+        _run(build, "llama-quantize", quantize_command("", os.path.abspath(source), os.path.abspath(tmp), ggml_type,
+                                                       *flags, threads=threads)[1:], log, cwd)
 
     return write_file(target, produce)
 
