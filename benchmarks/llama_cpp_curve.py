@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -152,7 +153,14 @@ def record_start(s: Setup) -> dict[str, Any]:
 # through the alignment padding (32 bytes on the dry run's tiny model): every file made with an importance matrix
 # is made in the run folder with the matrix's bare name, so a plan made again elsewhere has its recorded bytes.
 KEPT = ("run.json", "sizes.json", "examples.json", "plans.json", "imatrix-*.gguf", "imatrix-*.json",
-        "sensitivity-*.json", "sensitivity-*.safetensors", "plan_*.txt", "scores/*", "tensor_types/*")
+        "sensitivity-*.json", "sensitivity-*.safetensors", "plan_*.txt", "scores/*", "tensor_types/*", "partial/*")
+# Kept files that grow as the run goes (its list of starts; a size's scores so far): the run folder's copy is the
+# newer one, so the two copies may differ without being two runs.
+GROWING = ("run.json", "partial/*")
+
+
+def _growing(name: Path) -> bool:
+    return any(name.match(pattern) for pattern in GROWING)
 
 
 def kept_files(folder: Path) -> list[Path]:
@@ -168,15 +176,15 @@ def restore_state(s: Setup) -> int:
     """Copy into the run folder every kept file (``s.keep``) it lacks; the number copied.
 
     The kept folder must hold a run of this registration text and model, and a file in both places must be the
-    same bytes (``run.json`` excepted: the run folder's list of starts grows), or the two runs differ and nothing
-    is copied: results are only ever combined with what was computed from identical inputs."""
+    same bytes (the growing files of :data:`GROWING` excepted: the run folder's copy is newer), or the two runs
+    differ and nothing is copied: results are only ever combined with what was computed from identical inputs."""
     if s.keep is None or not (s.keep / "run.json").is_file():
         return 0
     kept = _read(s.keep / "run.json")
     if kept.get("registration_sha256") != s.sha or kept.get("model") != s.model:
         raise SystemExit(f"{s.keep} keeps a run of another registration text or model; it cannot be resumed here")
     names = kept_files(s.keep)
-    differ = [str(n) for n in names if n != Path("run.json") and (s.run / n).is_file()
+    differ = [str(n) for n in names if not _growing(n) and (s.run / n).is_file()
               and not _same_file(s.run / n, s.keep / n)]
     if differ:
         raise SystemExit(f"{s.run} and the kept run {s.keep} differ in {', '.join(differ[:5])}"
@@ -198,6 +206,9 @@ def keep_state(s: Setup) -> None:
     all: called after every phase and every scored size, so committing ``s.keep`` saves the work done so far."""
     if s.keep is not None:
         copy_kept(s.run, s.keep)
+        for name in kept_files(s.keep):  # a finished size's partial scores are gone from the run: drop the copy
+            if name.parts[0] == "partial" and not (s.run / name).exists():
+                (s.keep / name).unlink()
 
 
 def copy_kept(source: Path, target: Path) -> None:
@@ -467,9 +478,50 @@ def remake_plan(s: Setup, arm: str, size: str, seed: int, record: dict[str, Any]
 # Phase 5: scores
 
 
-def score_group(s: Setup, names: list[str], rows: torch.Tensor) -> None:
+SAVE_EVERY = 32  # examples between saves of a size's scores so far (about 17 min of SmolLM2 at one thread)
+
+
+def partial_key(s: Setup, names: list[str], rows: torch.Tensor) -> str:
+    """What a size's saved partial scores were computed from: the held-out rows, the bytes of the reference and of
+    every scored file (in order), and this scoring code. A partial is reused only under the same key."""
+    digest = hashlib.sha256()
+    digest.update(np.ascontiguousarray(rows.numpy().astype(np.int64)).tobytes())
+    for name in ["ref-f32", *names]:
+        digest.update(f"{name}:{_sha256(s.gguf(name))};".encode())
+    digest.update(inspect.getsource(score_group).encode())
+    return digest.hexdigest()
+
+
+def _load_partial(folder: Path, size: str, key: str, names: list[str], n: int, width: int
+                  ) -> tuple[int, dict[str, np.ndarray]] | None:
+    """The scores saved so far for ``size`` when they were computed from the same inputs (``key``), else None."""
+    from safetensors.numpy import load_file
+
+    meta_path, data_path = folder / f"{size}.json", folder / f"{size}.safetensors"
+    if not (meta_path.is_file() and data_path.is_file()):
+        return None
+    meta = _read(meta_path)
+    if meta.get("key") != key or meta.get("names") != names:
+        log(f"{size}: the saved partial scores were computed from other inputs; scoring from the first example")
+        return None
+    arrays = load_file(str(data_path))
+    done = int(meta["done"])
+    if not 0 < done <= n or any(a.shape[0] != done for a in arrays.values()) or arrays["ref_nll"].shape != (done,) \
+            or any(arrays[f"kl/{m}"].shape != (done, width) for m in names):
+        log(f"{size}: the saved partial scores do not have the expected shapes; scoring from the first example")
+        return None
+    return done, arrays
+
+
+def score_group(s: Setup, names: list[str], rows: torch.Tensor, size: str = "group",
+                save_every: int = SAVE_EVERY) -> None:
     """Score ``names`` (files of one size) on every held-out example through llama.cpp's bindings, the
-    reference evaluated once per example for the group; per file a parquet and a safetensors file."""
+    reference evaluated once per example for the group; per file a parquet and a safetensors file.
+
+    Every ``save_every`` examples the scores so far are saved (``partial/SIZE.safetensors`` and ``.json``, kept with
+    the run's state), so a killed run resumes at the last save; they are reused only when :func:`partial_key`
+    matches. A non-finite KL or NLL is refused before anything is written, and the partial is dropped once the
+    size's files are written."""
     from llama_cpp import Llama
     from safetensors.numpy import save_file
 
@@ -486,14 +538,39 @@ def score_group(s: Setup, names: list[str], rows: torch.Tensor) -> None:
         lp = torch.log_softmax(torch.from_numpy(logits.astype(np.float64)), dim=1).numpy()
         return lp, logits.argmax(axis=1)
 
-    ref, models = load(s.gguf("ref-f32")), {n: load(s.gguf(n)) for n in names}
     n, width = rows.shape[0], rows.shape[1] - 1
     kl = {m: np.empty((n, width)) for m in names}
     same = {m: np.empty((n, width), dtype=bool) for m in names}
     nll = {m: np.empty(n) for m in names}
     ref_nll = np.empty(n)
+    folder = s.run / "partial"
+    key = partial_key(s, names, rows)
+    saved = _load_partial(folder, size, key, names, n, width)
+    first = 0
+    if saved is not None:
+        first, arrays = saved
+        ref_nll[:first] = arrays["ref_nll"]
+        for m in names:
+            kl[m][:first], same[m][:first] = arrays[f"kl/{m}"], arrays[f"same/{m}"].astype(bool)
+            nll[m][:first] = arrays[f"nll/{m}"]
+        log(f"{size}: resuming at example {first} of {n} from the saved scores")
+
+    def save(done: int) -> None:
+        folder.mkdir(exist_ok=True)
+        arrays = {"ref_nll": ref_nll[:done].copy()}
+        for m in names:
+            arrays.update({f"kl/{m}": kl[m][:done].copy(), f"same/{m}": same[m][:done].astype(np.uint8),
+                           f"nll/{m}": nll[m][:done].copy()})
+        # data first, then the record naming it: a kill between them leaves an old record, which the shape check
+        # or the key refuses, never a record of data that is not there
+        write_file(folder / f"{size}.safetensors", lambda tmp: save_file(arrays, str(tmp)))
+        write_json(folder / f"{size}.json", {"key": key, "names": names, "done": done, "of": n})
+        keep_state(s)
+
+    ref, models = load(s.gguf("ref-f32")), {m: load(s.gguf(m)) for m in names}
     start = time.perf_counter()
-    for i, row in enumerate(rows.tolist()):
+    for i in range(first, n):
+        row = rows[i].tolist()
         lp_ref, top_ref = logprobs(ref, row)
         at = (np.arange(width), np.asarray(row[1:]))
         ref_nll[i] = -lp_ref[at].mean()
@@ -503,8 +580,14 @@ def score_group(s: Setup, names: list[str], rows: torch.Tensor) -> None:
             kl[m][i] = (p_ref * (lp_ref - lp)).sum(axis=1)
             same[m][i] = top == top_ref
             nll[m][i] = -lp[at].mean()
-        if i % 32 == 31:
-            log(f"  {i + 1} examples, {time.perf_counter() - start:.0f} s")
+        if (i + 1) % save_every == 0 and i + 1 < n:
+            save(i + 1)
+            log(f"  {i + 1} examples, {time.perf_counter() - start:.0f} s (saved)")
+    for llm in (ref, *models.values()):
+        llm.close()
+    bad = [m for m in names if not (np.isfinite(kl[m]).all() and np.isfinite(nll[m]).all())]
+    if bad or not np.isfinite(ref_nll).all():
+        raise SystemExit(f"{size}: non-finite KL or NLL for {', '.join(bad) or 'the reference'}; nothing written")
     (s.run / "scores").mkdir(exist_ok=True)
     for m in names:
         frame = pd.DataFrame({"kl": kl[m].mean(axis=1), "nll": nll[m], "ref_nll": ref_nll,
@@ -512,8 +595,8 @@ def score_group(s: Setup, names: list[str], rows: torch.Tensor) -> None:
         write_file(s.run / "scores" / f"{m}.safetensors", lambda tmp, m=m: save_file(
             {"kl": kl[m].astype(np.float32), "same_top": same[m].astype(np.uint8)}, str(tmp)))
         write_file(s.run / "scores" / f"{m}.parquet", lambda tmp, frame=frame: frame.to_parquet(tmp))
-    for llm in (ref, *models.values()):
-        llm.close()
+    for ext in ("json", "safetensors"):
+        (folder / f"{size}.{ext}").unlink(missing_ok=True)
 
 
 def file_names(s: Setup, size: str, record: dict[str, Any]) -> list[str]:
@@ -542,7 +625,7 @@ def phase_scores(s: Setup, rows: Any, record: dict[str, Any]) -> None:
         todo = [n for n in file_names(s, size, record) if not (s.run / "scores" / f"{n}.parquet").exists()]
         if todo:
             log(f"{size}: scoring {len(todo)} files on {len(rows)} held-out examples")
-            score_group(s, todo, rows.tokens)
+            score_group(s, todo, rows.tokens, size)
         write_size_records(s, size, s.run / "tensor_types", record)
         keep_state(s)
 

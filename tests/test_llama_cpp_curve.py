@@ -247,6 +247,9 @@ def test_a_run_in_progress_says_which_sizes_are_scored(tmp_path):
     (tmp_path / "tensor_types" / "mix_plain-Q3_K_M.json").write_text("{}")
     (tmp_path / "tensor_types" / "plan_mean-Q3_K_S-41.json").write_text("{}")  # Q3_K_S not finished
     assert page_builder.progress("m", tmp_path).startswith("In progress: 1 of 3 sizes scored (Q3_K_M).")
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / "Q2_K.json").write_text(json.dumps({"done": 32, "of": 256}))
+    assert "Being scored (saved so far): Q2_K: 32 of 256 examples." in page_builder.progress("m", tmp_path)
 
 
 def test_committed_curve_results_recompute_from_their_scores():
@@ -369,3 +372,132 @@ def test_llama_cpp_logits_do_not_depend_on_the_thread_count(tmp_path, monkeypatc
                 logits.append(np.array(llm.scores[:63], dtype=np.float32))
             llm.close()
         assert np.array_equal(np.stack(logits[:2]), np.stack(logits[2:]))
+
+
+# ---------------------------------------------------------------------------------------
+# Scoring resumes after a kill (a fake llama_cpp, so this runs without a build)
+
+class _Killed(Exception):
+    pass
+
+
+def _fake_llama_cpp(monkeypatch, seen: list[int], kill_at: int | None = None, nan_file: str | None = None):
+    """A stand-in for llama_cpp.Llama: logits drawn from the file's bytes and the row, so every file and row has
+    its own; ``seen`` gets the index (first token) of each row the reference evaluates; at ``kill_at`` it raises."""
+    import hashlib
+    import types
+
+    class Llama:
+        def __init__(self, model_path: str, n_ctx: int, **_: object) -> None:
+            data = Path(model_path).read_bytes()
+            self.seed = int.from_bytes(hashlib.sha256(data).digest()[:4], "little")
+            self.is_ref = Path(model_path).stem == "ref-f32"
+            self.nan = Path(model_path).stem == nan_file
+            self.scores = np.zeros((0, 0), dtype=np.float32)
+
+        def reset(self) -> None:
+            pass
+
+        def eval(self, row: list[int]) -> None:
+            if self.is_ref:
+                if kill_at is not None and row[0] == kill_at:
+                    raise _Killed
+                seen.append(row[0])
+            self.scores = np.random.default_rng([self.seed, *row]).normal(size=(len(row), 13)).astype(np.float32)
+            if self.nan:
+                self.scores[1, 3] = np.nan
+
+        def close(self) -> None:
+            pass
+
+    module = types.ModuleType("llama_cpp")
+    module.Llama = Llama  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "llama_cpp", module)
+
+
+def _scoring_run(folder: Path, names: list[str]):
+    import types
+
+    (folder / "gguf").mkdir(parents=True)
+    for i, name in enumerate(["ref-f32", *names]):
+        (folder / "gguf" / f"{name}.gguf").write_bytes(bytes([i]) * (40 + i))
+    return types.SimpleNamespace(run=folder, keep=None, gguf=lambda n: folder / "gguf" / f"{n}.gguf")
+
+
+def _rows(n: int = 20, width: int = 6):
+    import torch
+
+    rows = torch.stack([torch.tensor([i] + [(7 * i + 3 * j) % 13 for j in range(1, width)]) for i in range(n)])
+    return rows  # row i starts with token i, so the fake knows which example it evaluates
+
+
+def _scores(folder: Path, names: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    import pandas as pd
+    from safetensors.numpy import load_file
+
+    out = {}
+    for m in names:
+        arrays = load_file(str(folder / "scores" / f"{m}.safetensors"))
+        frame = pd.read_parquet(folder / "scores" / f"{m}.parquet")
+        out[m] = {**arrays, **{c: frame[c].to_numpy() for c in ("kl", "nll", "ref_nll", "same_top")}}
+    return out
+
+
+def test_a_killed_size_resumes_at_its_last_save_with_the_uninterrupted_scores(tmp_path, monkeypatch):
+    """Killed at example 13 with saves every 8, the rerun evaluates only examples 8-19 and writes exactly the
+    uninterrupted run's scores; the partial is gone afterwards. Switching off the reuse (or its input check) fails
+    this test or the next."""
+    import llama_cpp_curve as bench
+
+    names, rows = ["Q2_K", "plan_mean-Q2_K-41"], _rows()
+    seen: list[int] = []
+    _fake_llama_cpp(monkeypatch, seen)
+    whole = _scoring_run(tmp_path / "whole", names)
+    bench.score_group(whole, names, rows, "Q2_K", save_every=8)
+    assert seen == list(range(20))
+
+    seen.clear()
+    _fake_llama_cpp(monkeypatch, seen, kill_at=13)
+    killed = _scoring_run(tmp_path / "killed", names)
+    with pytest.raises(_Killed):
+        bench.score_group(killed, names, rows, "Q2_K", save_every=8)
+    assert json.loads((killed.run / "partial" / "Q2_K.json").read_text())["done"] == 8
+    assert not (killed.run / "scores").exists()
+
+    seen.clear()
+    _fake_llama_cpp(monkeypatch, seen)
+    bench.score_group(killed, names, rows, "Q2_K", save_every=8)
+    assert seen == list(range(8, 20))
+    expected, got = _scores(whole.run, names), _scores(killed.run, names)
+    for m in names:
+        for key, value in expected[m].items():
+            np.testing.assert_array_equal(got[m][key], value, err_msg=f"{m} {key}")
+    assert not list((killed.run / "partial").iterdir())
+
+
+def test_saved_scores_of_other_inputs_are_not_reused(tmp_path, monkeypatch):
+    """One scored file's bytes changed after the save: the rerun starts again from example 0."""
+    import llama_cpp_curve as bench
+
+    names, rows = ["Q2_K", "plan_mean-Q2_K-41"], _rows()
+    seen: list[int] = []
+    _fake_llama_cpp(monkeypatch, seen, kill_at=13)
+    s = _scoring_run(tmp_path / "run", names)
+    with pytest.raises(_Killed):
+        bench.score_group(s, names, rows, "Q2_K", save_every=8)
+    s.gguf("plan_mean-Q2_K-41").write_bytes(b"other bytes")
+    seen.clear()
+    _fake_llama_cpp(monkeypatch, seen)
+    bench.score_group(s, names, rows, "Q2_K", save_every=8)
+    assert seen == list(range(20))
+
+
+def test_a_non_finite_score_writes_nothing(tmp_path, monkeypatch):
+    import llama_cpp_curve as bench
+
+    names, rows = ["Q2_K", "plan_mean-Q2_K-41"], _rows(n=4)
+    _fake_llama_cpp(monkeypatch, [], nan_file="Q2_K")
+    s = _scoring_run(tmp_path / "run", names)
+    with pytest.raises(SystemExit, match="non-finite KL or NLL for Q2_K"):
+        bench.score_group(s, names, rows, "Q2_K", save_every=8)
+    assert not (s.run / "scores").exists()
