@@ -151,7 +151,8 @@ def record_start(s: Setup) -> dict[str, Any]:
 # recorded bytes (:func:`remake_plan`).
 # llama-quantize stores the --imatrix path as given in the file's metadata, and its length moves the file's size
 # through the alignment padding (32 bytes on the dry run's tiny model): every file made with an importance matrix
-# is made in the run folder with the matrix's bare name, so a plan made again elsewhere has its recorded bytes.
+# is made through interp.quant.llama_cpp_run.quantize(imatrix=...), which runs the tool in the matrix's folder with
+# its bare name, so a plan made again elsewhere has its recorded bytes.
 KEPT = ("run.json", "sizes.json", "examples.json", "plans.json", "imatrix-*.gguf", "imatrix-*.json",
         "sensitivity-*.json", "sensitivity-*.safetensors", "plan_*.txt", "scores/*", "tensor_types/*", "partial/*")
 # Kept files that grow as the run goes (its list of starts; a size's scores so far): the run folder's copy is the
@@ -356,8 +357,8 @@ def phase_imatrix_mixes(s: Setup) -> None:
     for seed in s.seeds:
         for short, kind in curve.BASELINES.items():
             for size in [z for z in s.sizes if not size_done(s, z)]:
-                plans.quantize(s.binary, s.gguf("ref-f32"), s.gguf(curve.stem(kind, size, seed)), size, "--imatrix",
-                               f"imatrix-{short}-{seed}.gguf", cwd=s.run)  # stored as given: see KEPT
+                plans.quantize(s.binary, s.gguf("ref-f32"), s.gguf(curve.stem(kind, size, seed)), size,
+                               imatrix=s.run / f"imatrix-{short}-{seed}.gguf")
 
 
 def phase_sensitivity(s: Setup, model: Any, calibration: dict[int, Any]) -> dict[int, dict[str, Any]]:
@@ -373,11 +374,11 @@ def phase_sensitivity(s: Setup, model: Any, calibration: dict[int, Any]) -> dict
     for seed, rows in calibration.items():
         path = s.run / f"sensitivity-{seed}.safetensors"
         if not path.exists():
-            flag = ("--imatrix", f"imatrix-interp-{seed}.gguf")
             pure = {}
             for t in types:
                 f = s.gguf(f"pure-{t}-{seed}")
-                plans.quantize(s.binary, s.gguf("ref-f32"), f, t.upper(), "--pure", *flag, cwd=s.run)
+                plans.quantize(s.binary, s.gguf("ref-f32"), f, t.upper(), "--pure",
+                               imatrix=s.run / f"imatrix-interp-{seed}.gguf")
                 pure[t] = gguf_block_weights(f)
             log(f"Fisher sensitivity, calibration seed {seed}")
             result = fisher_sensitivity(model, rows, rounding_of(pure), chunks=len(rows), batch_size=8,
@@ -424,8 +425,8 @@ def make_plan(s: Setup, arm: str, size: str, seed: int, sen: dict[str, Any],
         order = sorted(types)
         write_tensor_types(type_file, [WeightShape(layer, role, *shapes[layer, role]) for layer, role in order],
                            {f"{layer}.{role}": types[layer, role] for layer, role in order})
-        return run_quantize(s.binary, s.gguf("ref-f32"), s.gguf(name), size, "--imatrix", f"imatrix-interp-{seed}.gguf",
-                            "--tensor-type-file", str(type_file), cwd=s.run)
+        return run_quantize(s.binary, s.gguf("ref-f32"), s.gguf(name), size, "--tensor-type-file", str(type_file),
+                            imatrix=s.run / f"imatrix-interp-{seed}.gguf")
 
     try:
         types, made, slack = fit_to_size(choose, write, capacity, limit, lambda x: log(f"{name}: {x} bytes less"))
@@ -464,8 +465,8 @@ def remake_plan(s: Setup, arm: str, size: str, seed: int, record: dict[str, Any]
     name = curve.stem(arm, size, seed)
     if s.gguf(name).exists() or not record[name]["fits"]:
         return
-    made = run_quantize(s.binary, s.gguf("ref-f32"), s.gguf(name), size, "--imatrix", f"imatrix-interp-{seed}.gguf",
-                        "--tensor-type-file", str(s.run / f"{name}.txt"), cwd=s.run)
+    made = run_quantize(s.binary, s.gguf("ref-f32"), s.gguf(name), size, "--tensor-type-file",
+                        str(s.run / f"{name}.txt"), imatrix=s.run / f"imatrix-interp-{seed}.gguf")
     if made.stat().st_size != record[name]["bytes"]:
         found = made.stat().st_size
         made.unlink()

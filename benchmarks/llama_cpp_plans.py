@@ -76,10 +76,11 @@ def registration(name: str) -> tuple[dict[str, Any], str]:
     return json.loads(raw), hashlib.sha256(raw).hexdigest()
 
 
-def quantize(binary: Path, src: Path, dst: Path, mix: str, *extra: str, cwd: Path | None = None) -> None:
-    """``llama-quantize`` through interp (the file whole or absent, run in ``cwd``), skipped when ``dst`` exists."""
+def quantize(binary: Path, src: Path, dst: Path, mix: str, *extra: str, imatrix: Path | None = None) -> None:
+    """``llama-quantize`` through interp (the file whole or absent; ``imatrix`` as
+    :func:`interp.quant.llama_cpp_run.quantize` takes it), skipped when ``dst`` exists."""
     if not dst.exists():
-        run_quantize(binary, src, dst, mix, *extra, cwd=cwd)
+        run_quantize(binary, src, dst, mix, *extra, imatrix=imatrix)
 
 
 def mixes(reg: dict[str, Any]) -> tuple[str, ...]:
@@ -543,18 +544,18 @@ def main_imatrix(reg: dict[str, Any], sha: str, run: Path, binary: Path, shared:
         write_json(run / "imatrix.json", {"seconds": time.perf_counter() - start, "tokens": matrix.tokens})
         log(f"importance matrix of {matrix.tokens} tokens")
     del model
-    flag = ("--imatrix", str(imatrix))
     files = {"reference": ref}
     for mix in mixes(reg):
         files[mix] = gguf_dir / f"{mix}.gguf"
-        quantize(binary, ref, files[mix], mix, *flag)
+        quantize(binary, ref, files[mix], mix, imatrix=imatrix)
     source = DATA / reg["companion_of"]
     seeds = reg["calibration"]["seeds"]
     for size in reg["sizes"]:
         for seed in seeds:
             name = f"plan-{size}-{seed}"
             files[name] = gguf_dir / f"{name}.gguf"
-            quantize(binary, ref, files[name], size, *flag, "--tensor-type-file", str(source / f"{name}.txt"))
+            quantize(binary, ref, files[name], size, "--tensor-type-file", str(source / f"{name}.txt"),
+                     imatrix=imatrix)
             log(f"{name}: {files[name].stat().st_size} bytes (mix {files[size].stat().st_size})")
     scored = [*mixes(reg), *(n for n in files if n.startswith("plan-"))]
     log(f"llama.cpp scoring of {len(scored)} files on {len(rows)} held-out examples")

@@ -162,6 +162,51 @@ def test_find_build_takes_a_bin_folder_and_refuses_an_incomplete_one(tmp_path, m
 
 
 # ---------------------------------------------------------------------------------------
+# The importance matrix reaches llama-quantize in one place
+
+FAKE_QUANTIZE = """#!/bin/sh
+# records the folder it runs in and its arguments, then writes its target (the last-but-one argument)
+pwd > "$FAKE_RECORD"
+for a in "$@"; do echo "$a" >> "$FAKE_RECORD"; done
+eval "target=\\${$(($# - 1))}"
+echo made > "$target"
+"""
+
+
+def _fake_build(tmp_path: Path) -> Path:
+    build = tmp_path / "bin"
+    build.mkdir()
+    (build / "llama-quantize").write_text(FAKE_QUANTIZE)
+    (build / "llama-quantize").chmod(0o755)
+    return build
+
+
+def test_the_importance_matrix_goes_by_its_bare_name_from_its_own_folder(tmp_path, monkeypatch):
+    """llama-quantize stores the --imatrix path as given, so quantize(imatrix=...) runs it in the matrix's folder
+    with the bare name; a relative --tensor-type-file is made absolute first (the tool runs elsewhere)."""
+    build, record = _fake_build(tmp_path), tmp_path / "record.txt"
+    monkeypatch.setenv("FAKE_RECORD", str(record))
+    for folder in (tmp_path / "m", tmp_path / "a much longer folder name" / "deeper"):
+        folder.mkdir(parents=True)
+        (folder / "imatrix.gguf").write_bytes(b"matrix")
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "types.txt").write_text("blk.0.ffn_down.weight=q4_k\n")
+        made = run.quantize(build, tmp_path / "src.gguf", tmp_path / "out.gguf", "Q4_K_M", "--tensor-type-file",
+                            "types.txt", imatrix=folder / "imatrix.gguf")
+        assert made.read_text() == "made\n"
+        lines = record.read_text().splitlines()
+        assert Path(lines[0]).resolve() == folder.resolve()
+        assert lines[1:5] == ["--imatrix", "imatrix.gguf", "--tensor-type-file", str(tmp_path / "types.txt")]
+
+
+def test_a_matrix_given_as_a_flag_is_refused(tmp_path):
+    build = _fake_build(tmp_path)
+    with pytest.raises(ValueError, match="imatrix=PATH"):
+        run.quantize(build, tmp_path / "src.gguf", tmp_path / "out.gguf", "Q4_K_M", "--imatrix", "x.gguf")
+    assert not (tmp_path / "out.gguf").exists()
+
+
+# ---------------------------------------------------------------------------------------
 # The command without a build: the files and the exact commands
 
 
@@ -183,10 +228,11 @@ def test_without_a_build_the_files_are_written_and_the_commands_printed(tiny_ggu
     shapes = run.gguf_shapes(tiny_gguf)
     items = read_tensor_types(out / "tensor_types.txt", [gguf_name(s.layer, s.role) for s in shapes])
     assert len(items) == len(shapes)  # one item per block linear weight, each naming one of the model's
-    commands = [shlex.split(line) for line in printed.splitlines() if line.startswith("  llama-")]
+    commands = [shlex.split(line) for line in printed.splitlines() if line.startswith(("  llama-", "  cd "))]
     assert commands == run.prescribe_commands(None, tiny_gguf, out, out / "plan.gguf", "Q4_K_M", True, 64, 4)
-    assert ["--tensor-type-file", str(out / "tensor_types.txt")] == commands[1][3:5]
-    assert ["--imatrix", str(out / "imatrix.gguf")] == commands[1][1:3]
+    assert commands[0] == ["cd", str(out)]  # they run in --out: the matrix's bare name is what the files store
+    assert ["--tensor-type-file", str(out / "tensor_types.txt")] == commands[2][3:5]
+    assert ["--imatrix", "imatrix.gguf"] == commands[2][1:3]
     record = json.loads((out / "llama_plan.json").read_text())
     assert record["settings"]["capacity_bytes"] == run.mix_block_bytes(shapes, "Q4_K_M")
     assert record["achieved_bits_per_weight"] <= 8 * run.mix_block_bytes(shapes, "Q4_K_M") / sum(
@@ -218,18 +264,20 @@ def test_with_a_build_the_plan_is_made_measured_and_its_commands_remake_it(tiny_
     # the recorded commands, run by hand, remake the plan's file byte for byte and print the same KL
     made = (out / "plan.gguf").read_bytes()
     (out / "plan.gguf").rename(tmp_path / "first.gguf")
-    for command in record["commands"][:-2]:
-        subprocess.run(shlex.split(command), capture_output=True, check=True)
+    assert record["commands"][0] == shlex.join(["cd", record["commands_folder"]])
+    for command in record["commands"][1:-2]:  # in the folder the first line names
+        subprocess.run(shlex.split(command), capture_output=True, check=True, cwd=record["commands_folder"])
     assert (out / "plan.gguf").read_bytes() == made
     for command, expected in zip(record["commands"][-2:], (plan, mix), strict=True):
         for _ in range(8):  # llama.cpp's logging thread may lose a report's tail at exit (run._kl_run)
-            done = subprocess.run(shlex.split(command), capture_output=True, text=True, check=True)
+            done = subprocess.run(shlex.split(command), capture_output=True, text=True, check=True,
+                                  cwd=record["commands_folder"])
             if "Same top p:" in done.stdout:  # the report's last line (the table header says "Same top p")
                 break
         again = run.parse_kl(done.stdout)
         assert {k: again[k] for k in ("mean_kl", "kl_p99", "kl_p999", "same_top")} == {
             k: expected[k] for k in ("mean_kl", "kl_p99", "kl_p999", "same_top")}
-    assert Path(shlex.split(record["commands"][0])[0]).parent == build
+    assert Path(shlex.split(record["commands"][1])[0]).parent == build.resolve()
 
 
 @pytest.mark.slow

@@ -236,7 +236,7 @@ def _llama_cpp(args: argparse.Namespace, model: Any, calibration: Any, start: fl
     exclude = args.exclude_types or ()
     budget, capacity, mix = _llama_target(args, shapes)
     imatrix = gguf is not None and not args.no_imatrix
-    flags = ("--imatrix", str(out / "imatrix.gguf")) if imatrix else ()
+    with_matrix = out / "imatrix.gguf" if imatrix else None
     progress = not args.quiet and None
     log: list[str] = []
     saved: list[Path] = []
@@ -265,7 +265,7 @@ def _llama_cpp(args: argparse.Namespace, model: Any, calibration: Any, start: fl
         del rounded  # every candidate's weights: as large as the model several times over
         made = (gguf, reference) if gguf is not None and reference is not None else None  # a build run's files
         if made is not None:  # the mix first: with --target-size its file sets the room the plan has
-            mix_path = run.quantize(build, made[1], out / run.mix_file_name(mix, imatrix), mix, *flags,
+            mix_path = run.quantize(build, made[1], out / run.mix_file_name(mix, imatrix), mix, imatrix=with_matrix,
                                     threads=threads, log=log)
             saved.append(out / mix_path.name)
 
@@ -273,7 +273,7 @@ def _llama_cpp(args: argparse.Namespace, model: Any, calibration: Any, start: fl
             path = plan.save(out, shapes)
             if made is None:
                 return path
-            return run.quantize(build, made[1], made[0], mix, *flags, "--tensor-type-file", str(path),
+            return run.quantize(build, made[1], made[0], mix, "--tensor-type-file", str(path), imatrix=with_matrix,
                                 threads=threads, log=log)
 
         if budget is not None:
@@ -317,7 +317,8 @@ def _llama_cpp(args: argparse.Namespace, model: Any, calibration: Any, start: fl
                         mix: {"path": str(mix_path), "bytes": mix_path.stat().st_size, **kl[mix]}},
               "mix": mix, "imatrix": imatrix, "reduction_mean_kl": 1 - kl["plan"]["mean_kl"] / kl[mix]["mean_kl"],
               "slack_bytes": slack, "kl_ctx": args.kl_ctx, "kl_chunks": args.kl_chunks, "heldout_documents": ids,
-              "build": str(build), "commands": [shlex.join(c) for c in commands]}
+              "build": str(build), "commands": [shlex.join(c) for c in commands],
+              "commands_folder": os.path.abspath(out)}
     write_json(out / "llama_cpp_kl.json", record)
     saved.insert(1, out / "llama_cpp_kl.json")
     _print_kl(head, record, gguf, out, saved)

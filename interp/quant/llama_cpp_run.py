@@ -115,14 +115,26 @@ def quantize_command(tool: str | os.PathLike[str], source: str | os.PathLike[str
 
 
 def quantize(build: Path, source: str | os.PathLike[str], target: str | os.PathLike[str], ggml_type: str, *flags: str,
-             threads: int | None = None, log: list[str] | None = None, cwd: Path | None = None) -> Path:
-    """``llama-quantize [FLAGS] SOURCE TARGET TYPE``, the file written through :func:`interp.io.write_file`.
+             imatrix: str | os.PathLike[str] | None = None, threads: int | None = None, log: list[str] | None = None
+             ) -> Path:
+    """``llama-quantize [--imatrix NAME] [FLAGS] SOURCE TARGET TYPE``, the file written through
+    :func:`interp.io.write_file`.
 
-    ``cwd``: the folder it runs in, which relative paths in ``flags`` are read from. llama-quantize stores the
-    ``--imatrix`` path as given in the file's metadata (``quantize.imatrix.file``), so the file's size depends on
-    that path's length (through the alignment padding); a path relative to ``cwd`` keeps it the same wherever the
-    folder lies."""
+    ``imatrix``: the importance matrix, and the only way one reaches llama-quantize (``--imatrix`` in ``flags`` is a
+    ValueError). llama-quantize stores the path as given in the file's metadata (``quantize.imatrix.file``), so the
+    file's header and its alignment padding depend on that path; the tool runs in the matrix's folder with its bare
+    name, and the same matrix makes the same bytes wherever its folder lies. Paths in ``flags``
+    (``--tensor-type-file``) are made absolute first."""
     from interp.io import write_file
+
+    if "--imatrix" in flags:
+        raise ValueError("pass the importance matrix as quantize(..., imatrix=PATH), not as a flag: llama-quantize "
+                         "stores the path as given, so interp runs it in the matrix's folder")
+    flags = tuple(os.path.abspath(f) if i and flags[i - 1] == "--tensor-type-file" else f for i, f in enumerate(flags))
+    cwd = None
+    if imatrix is not None:
+        cwd = Path(os.path.abspath(imatrix)).parent
+        flags = ("--imatrix", Path(imatrix).name, *flags)
 
     def produce(tmp: Path) -> None:
         _run(build, "llama-quantize", quantize_command("", os.path.abspath(source), os.path.abspath(tmp), ggml_type,
@@ -299,17 +311,21 @@ def heldout_text(source: str | os.PathLike[str], tokenizer: Any, tokens: int) ->
 
 def prescribe_commands(build: Path | None, source: Path, out: Path, gguf: Path, mix: str, imatrix: bool, ctx: int,
                        chunks: int, threads: int | None = None) -> list[list[str]]:
-    """The commands ``interp prescribe --gguf`` runs (or prints without a build), in order: the F32 reference,
-    the plan's file, the mix's file, the reference's log-probabilities, and the two KL runs.
+    """The commands ``interp prescribe --gguf`` runs (or prints without a build), in order: ``cd OUT`` (they run
+    there, as :func:`quantize` runs llama-quantize in the importance matrix's folder, so that the matrix's bare name
+    is what the files store), the F32 reference, the plan's file, the mix's file, the reference's log-probabilities,
+    and the two KL runs; every other path absolute.
 
     The reference, the mix's file and the log-probabilities are ``out/reference-f32.gguf``,
     ``out/MIX.gguf`` and ``out/kl-base.bin`` (a build run keeps only the mix's file)."""
-    quant = build / "llama-quantize" if build else "llama-quantize"
-    ppl = build / "llama-perplexity" if build else "llama-perplexity"
+    quant = Path(os.path.abspath(build / "llama-quantize")) if build else "llama-quantize"
+    ppl = Path(os.path.abspath(build / "llama-perplexity")) if build else "llama-perplexity"
+    source, out, gguf = (Path(os.path.abspath(p)) for p in (source, out, gguf))  # the commands run in out
     reference = out / "reference-f32.gguf"
-    with_imatrix = ("--imatrix", str(out / "imatrix.gguf")) if imatrix else ()
+    with_imatrix = ("--imatrix", "imatrix.gguf") if imatrix else ()  # as quantize() passes it: see there
     mix_file = out / mix_file_name(mix, imatrix)
-    return [quantize_command(quant, source, reference, "F32", "--allow-requantize", threads=threads),
+    return [["cd", str(out)],
+            quantize_command(quant, source, reference, "F32", "--allow-requantize", threads=threads),
             quantize_command(quant, reference, gguf, mix, *with_imatrix, "--tensor-type-file",
                              str(out / "tensor_types.txt"), threads=threads),
             quantize_command(quant, reference, mix_file, mix, *with_imatrix, threads=threads),
