@@ -18,6 +18,9 @@ MISTAKES = [
      "unknown stage(s) bogus"),
     ("interp.report.survival.run", ["--model", "gemma3-270m", "--out", "{tmp}/out", "--only", "rtn:bits=2"],
      "--only names rtn:bits=2, not in the roster"),
+    ("interp.report.survival.run", ["--model", "smollm2-135m", "--out", "{tmp}/out", "--only",
+                                    "rtn:bits=3,group=64;llama.cpp Q3_K_M"],
+     "llama.cpp Q3_K_M is made by llama-quantize"),
     ("interp.report.survival.page", ["--raw", "{tmp}/missing", "--page", "{tmp}/page.md"], "is not a folder"),
     ("interp.report.mc_error", ["{tmp}/missing.json", "--raw", "{tmp}", "--out", "{tmp}/x.json"],
      "cannot be read"),
@@ -42,6 +45,7 @@ def test_mistake_is_an_error_line_and_status_2(module: str, argv: list[str], wor
         raise AssertionError("a model was loaded before the mistake was refused")
 
     monkeypatch.setattr(interp.models, "load_model", no_load)
+    monkeypatch.delenv("LLAMA_CPP_BIN", raising=False)  # no build named: a llama.cpp row is a mistake
     status = importlib.import_module(module).main(_argv(argv, tmp_path))
     err = capsys.readouterr().err
     assert status == 2
@@ -56,6 +60,7 @@ def test_switched_off_the_mistakes_escape(tmp_path: Path, monkeypatch: pytest.Mo
         body()
         return 0
 
+    monkeypatch.delenv("LLAMA_CPP_BIN", raising=False)
     escaped = 0
     for module, argv, _ in MISTAKES:
         loaded = importlib.import_module(module)

@@ -307,8 +307,14 @@ def main(argv: list[str] | None = None) -> int:
         if only and set(only) - labels:
             raise DataError(f"--only names {', '.join(sorted(set(only) - labels))}, not in the roster: "
                             f"{'; '.join(sorted(labels))}")
-        run(args.model, args.out, stages, only, find_build(args.llama_cpp, need=("llama-quantize",)),
-            variants=args.variants)
+        build = find_build(args.llama_cpp, need=("llama-quantize",))
+        by_llama = [e.label for e in roster(args.model)
+                    if e.kind in ("mix", "plan") and (only is None or e.label in only)]
+        if by_llama and build is None:  # refused here, not after the rows before them have been measured
+            raise DataError(f"{'; '.join(by_llama)} {'is' if len(by_llama) == 1 else 'are'} made by llama-quantize: "
+                            "name a llama.cpp build (--llama-cpp DIR or LLAMA_CPP_BIN; `make llama-cpp` builds one), "
+                            "or leave them out with --only")
+        run(args.model, args.out, stages, only, build, variants=args.variants)
 
     return exit_status(body)
 
