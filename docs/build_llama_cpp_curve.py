@@ -208,9 +208,8 @@ def progress(model: str, folder: Path | None = None) -> str:
         return f"Not run yet: no committed result under {where}."
     sizes = json.loads((folder / "sizes.json").read_text())["sizes"] if (folder / "sizes.json").is_file() else {}
     done = [z for z in sizes if (folder / "tensor_types" / f"mix_plain-{z}.json").is_file()]
-    partial = sorted(folder.glob("partial/*.json"))
-    being = "; ".join(f"{p.stem}: {json.loads(p.read_text())['done']} of {json.loads(p.read_text())['of']} examples"
-                      for p in partial)
+    saved = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("partial/*.json"))}
+    being = "; ".join(f"{size}: {meta['done']} of {meta['of']} examples" for size, meta in saved.items())
     return (f"In progress: {len(done)} of {len(sizes) or 'its'} sizes scored ({', '.join(done) or 'none yet'}). "
             + (f"Being scored (saved so far): {being}. " if being else "")
             + f"The run's state is kept under {where} and `benchmarks/llama_cpp_curve.py --model {model}` resumes it; "
