@@ -22,8 +22,11 @@ made file-safe by :func:`~interp.report.survival.registration.file_name`.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import gc
 import json
+import os
 import re
 import sys
 import time
@@ -76,7 +79,25 @@ class Folder:
         return made
 
 
+@contextlib.contextmanager
+def _folder_lock(folder: Folder) -> Any:
+    """Hold an exclusive lock on the run folder while a shared record is read, changed and written: two runs of
+    one model on disjoint rows (``--only``) may share a folder, and neither may lose the other's entry. The lock
+    is on the folder itself, so no lock file joins the committed data."""
+    fd = os.open(folder.out, os.O_RDONLY)  # Folder made it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def _start_record(folder: Folder, model: str) -> None:
+    with _folder_lock(folder):
+        _start_record_locked(folder, model)
+
+
+def _start_record_locked(folder: Folder, model: str) -> None:
     from interp.report.confirm_run import _commit
     from interp.runtime.batching import cpu_identity, kernels
 
@@ -206,11 +227,13 @@ def _record(folder: Folder, unit_id: str, model: Any) -> None:
     from interp.models import weights_digest
     from interp.runtime.batching import cpu_identity
 
+    entry = {"weights_sha256": weights_digest(model), "cpu": cpu_identity(),
+             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path = folder.path("models.json")
-    record = json.loads(path.read_text()) if path.is_file() else {}
-    record[unit_id] = {"weights_sha256": weights_digest(model), "cpu": cpu_identity(),
-                       "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    write_json(path, record)
+    with _folder_lock(folder):
+        record = json.loads(path.read_text()) if path.is_file() else {}
+        record[unit_id] = entry
+        write_json(path, record)
 
 
 def _variants(folder: Folder, reference: Any, quantized: Any, unit_id: str, stages: Sequence[str],

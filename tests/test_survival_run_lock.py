@@ -1,0 +1,58 @@
+"""Two survival runs of one model may share a folder (disjoint ``--only`` rows, one per core): the shared record
+(``models.json``) is read, changed and written under one lock, so neither run loses the other's entry."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import interp.models
+import interp.runtime.batching
+from interp.report.survival import run as survival_run
+
+
+def _record_many(tmp_path, monkeypatch, n: int) -> dict:
+    folder = survival_run.Folder(tmp_path / "run")
+    monkeypatch.setattr(interp.models, "weights_digest", lambda model: f"digest-{model}")
+    monkeypatch.setattr(interp.runtime.batching, "cpu_identity", lambda: "cpu")
+    real_write = survival_run.write_json
+
+    def slow_write(path, value):  # widen the window between the read and the write, as a slow disk would
+        time.sleep(0.05)
+        real_write(path, value)
+
+    monkeypatch.setattr(survival_run, "write_json", slow_write)
+    barrier = threading.Barrier(n)
+
+    def one(i: int) -> None:
+        barrier.wait()
+        survival_run._record(folder, f"unit{i}", i)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return json.loads(folder.path("models.json").read_text())
+
+
+def test_concurrent_records_keep_every_entry(tmp_path, monkeypatch):
+    record = _record_many(tmp_path, monkeypatch, 6)
+    assert sorted(record) == sorted(f"unit{i}" for i in range(6))
+    assert all(record[f"unit{i}"]["weights_sha256"] == f"digest-{i}" for i in range(6))
+
+
+def test_without_the_lock_entries_are_lost(tmp_path, monkeypatch):
+    """The guard's own check: with the lock switched off, the same interleaving loses entries, so the test above
+    can fail."""
+    import contextlib
+
+    monkeypatch.setattr(survival_run, "_folder_lock", lambda folder: contextlib.nullcontext())
+    record = _record_many(tmp_path, monkeypatch, 6)
+    assert len(record) < 6
+
+
+def test_lock_leaves_no_file(tmp_path, monkeypatch):
+    _record_many(tmp_path, monkeypatch, 1)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["models.json"]
