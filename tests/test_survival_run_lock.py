@@ -27,7 +27,7 @@ def _record_many(tmp_path, monkeypatch, n: int) -> dict:
 
     def one(i: int) -> None:
         barrier.wait()
-        survival_run._record(folder, f"unit{i}", i)
+        survival_run._record(folder, f"unit{i}", i, ["circuits"])
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
@@ -56,3 +56,23 @@ def test_without_the_lock_entries_are_lost(tmp_path, monkeypatch):
 def test_lock_leaves_no_file(tmp_path, monkeypatch):
     _record_many(tmp_path, monkeypatch, 1)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["models.json"]
+
+
+def test_an_instance_made_again_keeps_the_earlier_record(tmp_path, monkeypatch, capsys):
+    """Same weights: the stages are merged. Other weights (a fitted quantizer made again on another CPU): the
+    earlier record is kept under ``earlier`` and the run says so."""
+    folder = survival_run.Folder(tmp_path / "run")
+    monkeypatch.setattr(interp.models, "weights_digest", lambda model: f"digest-{model}")
+    cpu = iter(["amd", "amd", "intel"])
+    monkeypatch.setattr(interp.runtime.batching, "cpu_identity", lambda: next(cpu))
+    survival_run._record(folder, "gptq@seed61", "a", ["induction"])
+    survival_run._record(folder, "gptq@seed61", "a", ["circuits"])
+    entry = json.loads(folder.path("models.json").read_text())["gptq@seed61"]
+    assert entry["weights_sha256"] == "digest-a" and entry["stages"] == ["circuits", "induction"]
+    assert "earlier" not in entry
+    capsys.readouterr()
+    survival_run._record(folder, "gptq@seed61", "b", ["circuits"])
+    entry = json.loads(folder.path("models.json").read_text())["gptq@seed61"]
+    assert (entry["weights_sha256"], entry["cpu"], entry["stages"]) == ("digest-b", "intel", ["circuits"])
+    assert [(e["weights_sha256"], e["stages"]) for e in entry["earlier"]] == [("digest-a", ["circuits", "induction"])]
+    assert "made again" in capsys.readouterr().err

@@ -13,7 +13,8 @@ resumes at the first missing file):
   selection sequences);
 - ``circuits/<task>-reference.parquet``: the reference circuit's top edges (``interp.localize.circuit.circuit``);
 - ``circuits/<task>/<id>.safetensors``: ``effects [edges, pairs]`` and ``clean [pairs]`` on the measurement pairs;
-- ``models.json``: each quantized instance's weights digest and where it was measured.
+- ``models.json``: each quantized instance's weights digest, where it was made and the stages measured on it
+  (an instance made again with other weights keeps the earlier record under ``earlier``).
 
 ``<id>`` is ``reference``, a label (``rtn:bits=3,group=64``) or ``label@instance`` (``gptq:bits=3,group=64@seed61``),
 made file-safe by :func:`~interp.report.survival.registration.file_name`.
@@ -223,15 +224,31 @@ def _done(folder: Folder, unit_id: str, stages: Sequence[str], context: dict[str
     return all(f.is_file() for f in files)
 
 
-def _record(folder: Folder, unit_id: str, model: Any) -> None:
+def _record(folder: Folder, unit_id: str, model: Any, stages: Sequence[str]) -> None:
+    """Keep the weights digest of the instance measured as ``unit_id``, with the stages measured on it.
+
+    A quantizer that fits its weights (GPTQ, AWQ) gives other weights on another CPU from the same seed and rows,
+    so an instance made again after its cache was lost, or on another machine, is another set of weights. Its
+    earlier record is kept under ``earlier`` (nothing is lost) and the run says so: the raw data show which stage
+    was measured on which weights."""
     from interp.models import weights_digest
     from interp.runtime.batching import cpu_identity
 
-    entry = {"weights_sha256": weights_digest(model), "cpu": cpu_identity(),
-             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    entry: dict[str, Any] = {"weights_sha256": weights_digest(model), "cpu": cpu_identity(),
+                             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "stages": sorted(stages)}
     path = folder.path("models.json")
     with _folder_lock(folder):
         record = json.loads(path.read_text()) if path.is_file() else {}
+        prior = record.get(unit_id)
+        if prior is not None and prior.get("weights_sha256") == entry["weights_sha256"]:
+            entry = {**prior, "stages": sorted(set(prior.get("stages", [])) | set(stages))}
+        elif prior is not None:
+            earlier = prior.pop("earlier", [])
+            entry["earlier"] = [*earlier, prior]
+            print(f"note: {unit_id} was made again and its weights differ from the ones measured before "
+                  f"(digest {entry['weights_sha256'][:12]}, before {str(prior.get('weights_sha256'))[:12]} on "
+                  f"{prior.get('cpu')}): models.json keeps both, with the stages measured on each.",
+                  file=sys.stderr, flush=True)
         record[unit_id] = entry
         write_json(path, record)
 
@@ -299,7 +316,7 @@ def run(model_name: str, out: str | Path, stages: Sequence[str] = STAGES, only: 
             quantized = make(reference, model_name, entry, instance, cache_dir() / "survival-gguf" / model_name, build,
                              progress=progress)
             if not _done(folder, unit_id, stages, context):
-                _record(folder, unit_id, quantized)
+                _record(folder, unit_id, quantized, stages)
                 measure(folder, quantized, unit_id, stages, context)
             if variants and entry.label in tie_labels():
                 _variants(folder, reference, quantized, unit_id, stages, context)
