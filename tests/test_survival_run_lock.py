@@ -76,3 +76,19 @@ def test_an_instance_made_again_keeps_the_earlier_record(tmp_path, monkeypatch, 
     assert (entry["weights_sha256"], entry["cpu"], entry["stages"]) == ("digest-b", "intel", ["circuits"])
     assert [(e["weights_sha256"], e["stages"]) for e in entry["earlier"]] == [("digest-a", ["circuits", "induction"])]
     assert "made again" in capsys.readouterr().err
+
+
+def test_the_page_lists_instances_made_more_than_once(tmp_path, monkeypatch):
+    """What the run keeps reaches the page: each stage beside the weights it was measured on."""
+    from interp.report.survival.page import _remade
+
+    folder = survival_run.Folder(tmp_path / "run")
+    monkeypatch.setattr(interp.models, "weights_digest", lambda model: f"{model}" * 12)
+    cpu = iter(["AMD EPYC; avx512f", "Intel(R) Xeon(R) Processor; amx_tile"])
+    monkeypatch.setattr(interp.runtime.batching, "cpu_identity", lambda: next(cpu))
+    survival_run._record(folder, "awq@seed62", "a", ["induction"])
+    assert _remade(folder.out) == ""  # made once: nothing to say
+    survival_run._record(folder, "awq@seed62", "b", ["circuits"])
+    text = _remade(folder.out)
+    assert "- `awq@seed62`: induction on weights `aaaaaaaaaaaa` (AMD EPYC); circuits on weights `bbbbbbbbbbbb` " \
+           "(Intel(R) Xeon(R) Processor)" in text

@@ -11,6 +11,7 @@ interp's reports).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,28 @@ def _coverage(folder: Path, model: str, family: str) -> str:
         done = sum((folder / family / f"{file_name(u)}.safetensors").is_file() for u in e.ids())
         rows.append(f"{e.label} {done}/{len(e.instances)}")
     return "; ".join(rows)
+
+
+def _remade(folder: Path) -> str:
+    """The instances measured on more than one set of weights (``models.json``'s ``earlier``), with the stages
+    measured on each: a fitted quantizer made again on another CPU gives other weights from the same seed."""
+    path = folder / "models.json"
+    if not path.is_file():
+        return ""
+    items = []
+    for unit, entry in sorted(json.loads(path.read_text()).items()):
+        if not entry.get("earlier"):
+            continue
+        parts = [f"{', '.join(e.get('stages') or ['stages not recorded'])} on weights "
+                 f"`{str(e.get('weights_sha256'))[:12]}` ({str(e.get('cpu', '?')).split(';')[0]})"
+                 for e in [*entry["earlier"], entry]]
+        items.append(f"- `{unit}`: " + "; ".join(parts))
+    if not items:
+        return ""
+    return ("\n**Instances made more than once.** GPTQ and AWQ fit their weights in floating point, so the same seed "
+            "and calibration rows give other weights on another CPU. Where an instance's cache was gone and this "
+            "machine made it again, each stage reads the weights it was measured on (SHA-256 of the weights, and the "
+            "CPU), and the instance still counts once:\n\n" + "\n".join(items) + "\n")
 
 
 def model_section(folder: Path, model: str, results: dict[str, Any]) -> str:
@@ -201,7 +224,7 @@ def model_section(folder: Path, model: str, results: dict[str, Any]) -> str:
                      "restoring up, q, k, v, o):\n\n" + _table(frame))
     else:
         lines.append("\n**Localization tie**: no restored variants measured yet.\n")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + _remade(folder)
 
 
 def write(root: Path = RAW, page: Path = PAGE, seeds: Any = None) -> str:
