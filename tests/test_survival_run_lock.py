@@ -92,3 +92,14 @@ def test_the_page_lists_instances_made_more_than_once(tmp_path, monkeypatch):
     text = _remade(folder.out)
     assert "- `awq@seed62`: induction on weights `aaaaaaaaaaaa` (AMD EPYC); circuits on weights `bbbbbbbbbbbb` " \
            "(Intel(R) Xeon(R) Processor)" in text
+
+
+def test_only_names_a_row_or_one_instance():
+    """--only takes a label (every instance) or an instance's id (that one), so two runs can split a row."""
+    from interp.report.survival.roster import roster
+
+    plan = next(e for e in roster("gemma3-270m") if e.label == "plan Q3_K_M")
+    rtn = next(e for e in roster("gemma3-270m") if e.label == "rtn:bits=3,group=64")
+    assert survival_run._named(plan, None) and survival_run._named(plan, ["plan Q3_K_M"])
+    assert survival_run._named(plan, ["plan Q3_K_M@33"]) and not survival_run._named(rtn, ["plan Q3_K_M@33"])
+    assert "plan Q3_K_M@33" in plan.ids()

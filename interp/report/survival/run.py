@@ -271,10 +271,16 @@ def _variants(folder: Folder, reference: Any, quantized: Any, unit_id: str, stag
         gc.collect()
 
 
+def _named(entry: Any, only: Sequence[str] | None) -> bool:
+    """Whether ``--only`` names the roster row ``entry``, by its label or by one of its instances' ids."""
+    return only is None or entry.label in only or any(u in only for u in entry.ids())
+
+
 def run(model_name: str, out: str | Path, stages: Sequence[str] = STAGES, only: Sequence[str] | None = None,
         build: Path | None = None, progress: bool | None = None, variants: bool = False) -> Path:
     """Compute (or resume) the raw data of ``stages`` for ``model_name``, reference first, then every quantized
-    instance of the registration (headline first), or only the labels in ``only``; with ``variants``, also the
+    instance of the registration (headline first), or only the rows and instances ``only`` names (a label, or one
+    instance's id such as ``plan Q3_K_M@33``, so that two runs can share a row's instances); with ``variants``, also the
     localization tie's restored variants of the registered methods' instances."""
     from interp.models import cache_dir, load_model
 
@@ -302,11 +308,13 @@ def run(model_name: str, out: str | Path, stages: Sequence[str] = STAGES, only: 
                                        progress=progress)
         context["held_out"] = feature_rows(reference.tokenizer, registration())["held_out"]
     measure(folder, reference, "reference", stages, context)
-    entries = [e for e in roster(model_name) if only is None or e.label in only]
+    entries = [e for e in roster(model_name) if _named(e, only)]
     if only is not None:  # the order the user named: the rows wanted first are measured first
-        entries.sort(key=lambda e: list(only).index(e.label))
+        entries.sort(key=lambda e: min(list(only).index(n) for n in (e.label, *e.ids()) if n in only))
     for entry in entries:
         for instance, unit_id in zip(entry.instances, entry.ids(), strict=True):
+            if only is not None and entry.label not in only and unit_id not in only:
+                continue
             wanted = [unit_id] + ([f"{unit_id}#{v}" for v in VARIANTS] if variants and entry.label in tie_labels()
                                   else [])
             if all(_done(folder, w, stages, context) for w in wanted):
@@ -331,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, choices=["smollm2-135m", "gemma3-270m"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--stages", default=",".join(STAGES))
-    parser.add_argument("--only", default=None, help="labels of the roster, separated by ; (default: all)")
+    parser.add_argument("--only", default=None,
+                        help="labels of the roster, or instance ids (LABEL@INSTANCE), separated by ; (default: all)")
     parser.add_argument("--llama-cpp", default=None, help="llama.cpp's binaries (default $LLAMA_CPP_BIN)")
     parser.add_argument("--variants", action="store_true", help="also the localization tie's restored variants")
     args = parser.parse_args(argv)
@@ -343,13 +352,13 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise DataError(f"unknown stage(s) {', '.join(unknown)}; the stages are {', '.join(STAGES)}")
         labels = {e.label for e in roster(args.model)}
+        names = labels | {u for e in roster(args.model) for u in e.ids()}
         only = [s.strip() for s in args.only.split(";")] if args.only else None
-        if only and set(only) - labels:
-            raise DataError(f"--only names {', '.join(sorted(set(only) - labels))}, not in the roster: "
-                            f"{'; '.join(sorted(labels))}")
+        if only and set(only) - names:
+            raise DataError(f"--only names {', '.join(sorted(set(only) - names))}, not in the roster: "
+                            f"{'; '.join(sorted(labels))} (or one instance, LABEL@INSTANCE)")
         build = find_build(args.llama_cpp, need=("llama-quantize",))
-        by_llama = [e.label for e in roster(args.model)
-                    if e.kind in ("mix", "plan") and (only is None or e.label in only)]
+        by_llama = [e.label for e in roster(args.model) if e.kind in ("mix", "plan") and _named(e, only)]
         if by_llama and build is None:  # refused here, not after the rows before them have been measured
             raise DataError(f"{'; '.join(by_llama)} {'is' if len(by_llama) == 1 else 'are'} made by llama-quantize: "
                             "name a llama.cpp build (--llama-cpp DIR or LLAMA_CPP_BIN; `make llama-cpp` builds one), "
