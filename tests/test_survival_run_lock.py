@@ -103,3 +103,18 @@ def test_only_names_a_row_or_one_instance():
     assert survival_run._named(plan, None) and survival_run._named(plan, ["plan Q3_K_M"])
     assert survival_run._named(plan, ["plan Q3_K_M@33"]) and not survival_run._named(rtn, ["plan Q3_K_M@33"])
     assert "plan Q3_K_M@33" in plan.ids()
+
+
+def test_variants_only_beside_scores_of_the_same_weights(tmp_path, monkeypatch):
+    """The tie compares an instance's scores with its restored variants: variants are made from the weights in
+    hand, so they are measured only when every requested stage was measured on those same weights."""
+    folder = survival_run.Folder(tmp_path / "run")
+    monkeypatch.setattr(interp.models, "weights_digest", lambda model: f"digest-{model}")
+    monkeypatch.setattr(interp.runtime.batching, "cpu_identity", lambda: "cpu")
+    assert not survival_run._measured_on(folder, "awq@seed62", "a", ["induction"])  # nothing recorded
+    survival_run._record(folder, "awq@seed62", "a", ["induction"])
+    assert survival_run._measured_on(folder, "awq@seed62", "a", ["induction"])
+    assert not survival_run._measured_on(folder, "awq@seed62", "b", ["induction"])  # made again, other weights
+    survival_run._record(folder, "awq@seed62", "b", ["circuits"])  # the circuits measured on the new weights
+    assert survival_run._measured_on(folder, "awq@seed62", "b", ["circuits"])
+    assert not survival_run._measured_on(folder, "awq@seed62", "b", ["induction", "circuits"])  # induction on 'a'

@@ -253,6 +253,19 @@ def _record(folder: Folder, unit_id: str, model: Any, stages: Sequence[str]) -> 
         write_json(path, record)
 
 
+def _measured_on(folder: Folder, unit_id: str, model: Any, stages: Sequence[str]) -> bool:
+    """Whether every one of ``stages`` of ``unit_id`` was measured on ``model``'s weights, as models.json records
+    them: the tie's restored variants are derived from the weights in hand, and are compared with the instance's own
+    scores, so both must come from the same weights."""
+    from interp.models import weights_digest
+
+    path = folder.path("models.json")
+    entry = json.loads(path.read_text()).get(unit_id) if path.is_file() else None
+    if entry is None or entry.get("weights_sha256") != weights_digest(model):
+        return False
+    return not entry.get("earlier") or set(stages) <= set(entry.get("stages", []))
+
+
 def _variants(folder: Folder, reference: Any, quantized: Any, unit_id: str, stages: Sequence[str],
               context: dict[str, Any]) -> None:
     """The localization tie's two variants of one instance: the reference's gate and down weights restored in every
@@ -327,7 +340,12 @@ def run(model_name: str, out: str | Path, stages: Sequence[str] = STAGES, only: 
                 _record(folder, unit_id, quantized, stages)
                 measure(folder, quantized, unit_id, stages, context)
             if variants and entry.label in tie_labels():
-                _variants(folder, reference, quantized, unit_id, stages, context)
+                if _measured_on(folder, unit_id, quantized, stages):
+                    _variants(folder, reference, quantized, unit_id, stages, context)
+                else:
+                    print(f"note: {unit_id}'s restored variants are not measured: its {', '.join(stages)} scores were "
+                          "measured on other weights (made on another CPU, models.json 'earlier'), and the tie "
+                          "compares an instance with its own variants only", file=sys.stderr, flush=True)
             print(f"{unit_id}: {time.time() - started:.0f} s", file=sys.stderr, flush=True)
             del quantized
             gc.collect()
