@@ -44,3 +44,23 @@ def test_a_page_without_markers_is_refused(tmp_path):
     assert page.read_text() == "# no markers\n"
     with pytest.raises(DataError, match="is not a folder"):  # a mistyped --raw never empties the section
         survival_page.write(tmp_path / "raw-none", page)
+
+
+def test_every_figure_the_page_links_is_drawn():
+    """The page names each figure by the SHA-256 of the data it draws (and the first test checks those names
+    against the committed data), so a figure left undrawn after the data changed is a missing file here."""
+    import re
+
+    links = re.findall(r"\]\((img/survival/[^)]+\.png)\)", _generated(survival_page.PAGE.read_text()))
+    assert links, "the page links no figure"
+    missing = [link for link in links if not (survival_page.PAGE.parent / link).is_file()]
+    assert not missing, f"run `python -m interp.report.survival.page --figures`: {missing} not drawn"
+
+
+def test_figure_names_follow_their_data():
+    import pandas as pd
+
+    frame = pd.DataFrame({"method": ["rtn"], "edge": ["a->b"], "ratio": [0.5], "verdict": ["broken"]})
+    (name, *_), = survival_page.figure_specs("m", {"ioi": {"per_edge": frame}})
+    (other, *_), = survival_page.figure_specs("m", {"ioi": {"per_edge": frame.assign(ratio=0.6)}})
+    assert name.startswith("m-ioi-") and other.startswith("m-ioi-") and name != other

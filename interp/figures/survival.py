@@ -44,9 +44,10 @@ def unit_heatmap(frame: pd.DataFrame, unit: str, value: str, title: str) -> go.F
     # wide enough that a verdict fits its cell (16 edges at the default width left 7-pixel text), and the labels
     # read: '?' not resolved, '~' on the boundary (a deciding bound within 2 Monte Carlo SEs of its threshold)
     fig.update_layout(width=max(900, 300 + 95 * len(units)), height=max(520, 300 + 60 * len(methods)),
-                      margin={"t": 110})
+                      margin={"t": 130})
+    # two lines: on a figure of three heads one line ran past the right edge and was cut
     fig.add_annotation(text="cell: the registered verdict. ?: not resolved; ~: on the boundary (within 2 Monte Carlo "
-                            "SEs of its threshold). Colour: the point ratio, clipped to 0-1.2",
+                            "SEs of its threshold).<br>Colour: the point ratio, clipped to 0-1.2",
                        xref="paper", yref="paper", x=0, y=1.02, yanchor="bottom", showarrow=False,
-                       xanchor="left", font={"size": 12})
+                       xanchor="left", align="left", font={"size": 12})
     return fig

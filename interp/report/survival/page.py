@@ -1,18 +1,23 @@
 """The survival study's page: every table and verdict recomputed from the committed raw data by one command.
 
     python -m interp.report.survival.page                 # docs/data/survival/survival-1 -> docs/survival.md
-    python -m interp.report.survival.page --check         # recompute and compare with the page (the test does this)
+    pytest tests/test_survival_page.py                    # recompute it and compare with the committed page
 
 The generated part of ``docs/survival.md`` sits between ``<!-- survival:begin -->`` and ``<!-- survival:end -->``;
-beside it, per model, ``tables/*.csv`` and ``figures/*.png`` (PNG when a Chromium is found, as every figure of
-interp's reports).
+beside it, per model, ``tables/*.csv`` (every statistic with its interval). The page links one heatmap per family
+(heads, each task's edges; ``docs/img/survival/``, named by the SHA-256 of the data they draw), drawn with
+``--figures`` (Chromium).
+
+    python -m interp.report.survival.page --figures       # also draw the figures the page links
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,7 @@ from interp.report.survival.roster import roster
 
 RAW = REPO / "docs" / "data" / "survival" / "survival-1"
 PAGE = REPO / "docs" / "survival.md"
+FIGURES = REPO / "docs" / "img" / "survival"  # the page links them as img/survival/<name>.png
 BEGIN, END = "<!-- survival:begin -->", "<!-- survival:end -->"
 TASKS = ("ioi", "capitals")
 
@@ -227,8 +233,50 @@ def model_section(folder: Path, model: str, results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n" + _remade(folder)
 
 
-def write(root: Path = RAW, page: Path = PAGE, seeds: Any = None) -> str:
-    """Recompute every table from ``root`` and put the generated section into ``page``; returns the section."""
+def figure_specs(model: str, results: dict[str, Any]) -> list[tuple[str, pd.DataFrame, str, str, str]]:
+    """``(file name, frame, unit, value, title)`` of each heatmap the page shows for ``model``. The name carries
+    the SHA-256 of the frame it draws (as the page's CSV writes it), so a figure drawn from other data has another
+    name, and a page whose figures were not redrawn links files that do not exist (the page test checks)."""
+    specs = []
+    wanted = [("induction", "survival", "head", "r_pm", "induction heads' prefix matching")] + [
+        (task, "per_edge", "edge", "ratio", f"{task} circuit edges") for task in TASKS]
+    for family, table, unit, value, what in wanted:
+        frame = results.get(family, {}).get(table)
+        if not isinstance(frame, pd.DataFrame) or frame.empty:
+            continue
+        digest = hashlib.sha256(frame.round(6).to_csv(index=False).encode()).hexdigest()[:12]
+        specs.append((f"{model}-{family}-{digest}.png", frame, unit, value,
+                      f"{model}: {what}, quantized / reference"))
+    return specs
+
+
+def _figure_links(specs: list[tuple[str, pd.DataFrame, str, str, str]]) -> str:
+    if not specs:
+        return ""
+    return "\n**Figures** (each cell the registered verdict, colour the point ratio quantized / reference):\n\n" + \
+        "\n".join(f"![{title}](img/survival/{name})" for name, _, _, _, title in specs) + "\n"
+
+
+def draw_figures(specs: list[tuple[str, pd.DataFrame, str, str, str]], folder: Path = FIGURES) -> list[Path]:
+    """Draw the PNGs the page links (needs a Chromium, as every static figure of interp's)."""
+    from interp.figures.style import export_static
+    from interp.figures.survival import unit_heatmap
+
+    missing = {name[:-4]: unit_heatmap(frame, unit, value, title) for name, frame, unit, value, title in specs
+               if not (folder / name).is_file()}
+    drawn = export_static(missing, folder, formats=("png",)) if missing else []
+    current = {name for name, *_ in specs}
+    for name in current:  # a figure of the same model and family drawn from earlier data is gone from the page
+        stale = re.compile(re.escape(name.rsplit("-", 1)[0]) + r"-[0-9a-f]{12}\.png")
+        for old in folder.glob("*.png"):
+            if old.name not in current and stale.fullmatch(old.name):
+                old.unlink()
+    return drawn
+
+
+def write(root: Path = RAW, page: Path = PAGE, seeds: Any = None, figures: bool = False) -> str:
+    """Recompute every table from ``root`` and put the generated section into ``page``; returns the section. With
+    ``figures``, also draw the figures it links that are not drawn yet (:func:`draw_figures`)."""
     from interp.io import write_csv, write_text
 
     if not root.is_dir():
@@ -248,7 +296,10 @@ def write(root: Path = RAW, page: Path = PAGE, seeds: Any = None) -> str:
                 if isinstance(frame, pd.DataFrame) and not frame.empty:
                     (folder / "tables").mkdir(exist_ok=True)
                     write_csv(folder / "tables" / f"{family}-{name}.csv", frame.round(6), index=False)
-        sections.append(model_section(folder, model, results))
+        specs = figure_specs(model, results)
+        if figures:
+            draw_figures(specs)
+        sections.append(model_section(folder, model, results) + _figure_links(specs))
     body = "\n".join(sections)
     text = page.read_text() if page.is_file() else f"# Survival\n\n{BEGIN}\n{END}\n"
     if BEGIN not in text or END not in text:
@@ -262,8 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m interp.report.survival.page", description=__doc__.split("\n")[0])
     parser.add_argument("--raw", default=str(RAW))
     parser.add_argument("--page", default=str(PAGE))
+    parser.add_argument("--figures", action="store_true",
+                        help=f"also draw the PNGs the page links into {FIGURES.relative_to(REPO)} (needs Chromium)")
     args = parser.parse_args(argv)
-    return exit_status(lambda: write(Path(args.raw), Path(args.page)))
+    return exit_status(lambda: write(Path(args.raw), Path(args.page), figures=args.figures))
 
 
 if __name__ == "__main__":
