@@ -64,3 +64,14 @@ def test_figure_names_follow_their_data():
     (name, *_), = survival_page.figure_specs("m", {"ioi": {"per_edge": frame}})
     (other, *_), = survival_page.figure_specs("m", {"ioi": {"per_edge": frame.assign(ratio=0.6)}})
     assert name.startswith("m-ioi-") and other.startswith("m-ioi-") and name != other
+
+
+def test_no_figure_is_left_unlinked():
+    """A figure drawn from earlier data is named otherwise than the page's link: the page command names it for
+    removal, and none is committed."""
+    import re
+
+    folder = survival_page.FIGURES
+    linked = set(re.findall(r"\]\(img/survival/([^)]+\.png)\)", _generated(survival_page.PAGE.read_text())))
+    drawn = {p.name for p in folder.glob("*.png")} if folder.is_dir() else set()
+    assert drawn - linked == set(), "figures the page no longer links: git rm them"

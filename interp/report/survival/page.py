@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -266,11 +267,10 @@ def draw_figures(specs: list[tuple[str, pd.DataFrame, str, str, str]], folder: P
                if not (folder / name).is_file()}
     drawn = export_static(missing, folder, formats=("png",)) if missing else []
     current = {name for name, *_ in specs}
-    for name in current:  # a figure of the same model and family drawn from earlier data is gone from the page
-        stale = re.compile(re.escape(name.rsplit("-", 1)[0]) + r"-[0-9a-f]{12}\.png")
-        for old in folder.glob("*.png"):
-            if old.name not in current and stale.fullmatch(old.name):
-                old.unlink()
+    stale = sorted(old.name for name in current for old in folder.glob("*.png") if old.name not in current
+                   and re.fullmatch(re.escape(name.rsplit("-", 1)[0]) + r"-[0-9a-f]{12}\.png", old.name))
+    if stale:  # drawn from earlier data; the page no longer links them (deleting is left to git, not to the page)
+        print(f"no longer linked by the page (git rm them): {', '.join(stale)}", file=sys.stderr)
     return drawn
 
 
