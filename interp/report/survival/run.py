@@ -94,27 +94,23 @@ def _folder_lock(folder: Folder) -> Any:
 
 
 def _start_record(folder: Folder, model: str) -> None:
-    with _folder_lock(folder):
-        _start_record_locked(folder, model)
-
-
-def _start_record_locked(folder: Folder, model: str) -> None:
     from interp.report.confirm_run import _commit
     from interp.runtime.batching import cpu_identity, kernels
 
     path = folder.path("meta.json")
     reg = registration()
-    meta = json.loads(path.read_text()) if path.is_file() else {"registration": reg["name"], "model": model,
-                                                                 "registration_sha256": sha256(), "starts": []}
-    if meta.get("registration_sha256") != sha256() or meta.get("model") != model:
-        raise InterpError(f"{folder.out} holds a run of another registration or model ({meta.get('registration')}, "
-                          f"{meta.get('model')}); give this run its own --out folder")
-    done = sorted(str(p.relative_to(folder.out)) for p in folder.out.rglob("*.safetensors"))
-    meta["starts"].append({"commit": _commit(), "cpu": cpu_identity(), "kernels": kernels("cpu"),
-                           "threads": torch.get_num_threads(),
-                           "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                           "files_done": len(done)})
-    write_json(path, meta)
+    with _folder_lock(folder):
+        meta = json.loads(path.read_text()) if path.is_file() else {"registration": reg["name"], "model": model,
+                                                                     "registration_sha256": sha256(), "starts": []}
+        if meta.get("registration_sha256") != sha256() or meta.get("model") != model:
+            raise InterpError(f"{folder.out} holds a run of another registration or model "
+                              f"({meta.get('registration')}, {meta.get('model')}); give this run its own --out folder")
+        done = sorted(str(p.relative_to(folder.out)) for p in folder.out.rglob("*.safetensors"))
+        meta["starts"].append({"commit": _commit(), "cpu": cpu_identity(), "kernels": kernels("cpu"),
+                               "threads": torch.get_num_threads(),
+                               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               "files_done": len(done)})
+        write_json(path, meta)
 
 
 def _token_set(folder: Folder, model: str, reference: Any) -> list[int]:
@@ -284,9 +280,14 @@ def _variants(folder: Folder, reference: Any, quantized: Any, unit_id: str, stag
         gc.collect()
 
 
+def _wanted(entry: Any, unit_id: str, only: Sequence[str] | None) -> bool:
+    """Whether ``--only`` names the instance ``unit_id`` of the roster row ``entry``: by the row's label or by id."""
+    return only is None or entry.label in only or unit_id in only
+
+
 def _named(entry: Any, only: Sequence[str] | None) -> bool:
     """Whether ``--only`` names the roster row ``entry``, by its label or by one of its instances' ids."""
-    return only is None or entry.label in only or any(u in only for u in entry.ids())
+    return any(_wanted(entry, u, only) for u in entry.ids())
 
 
 def run(model_name: str, out: str | Path, stages: Sequence[str] = STAGES, only: Sequence[str] | None = None,
@@ -326,7 +327,7 @@ def run(model_name: str, out: str | Path, stages: Sequence[str] = STAGES, only: 
         entries.sort(key=lambda e: min(list(only).index(n) for n in (e.label, *e.ids()) if n in only))
     for entry in entries:
         for instance, unit_id in zip(entry.instances, entry.ids(), strict=True):
-            if only is not None and entry.label not in only and unit_id not in only:
+            if not _wanted(entry, unit_id, only):
                 continue
             wanted = [unit_id] + ([f"{unit_id}#{v}" for v in VARIANTS] if variants and entry.label in tie_labels()
                                   else [])
