@@ -75,3 +75,12 @@ def test_no_figure_is_left_unlinked():
     linked = set(re.findall(r"\]\(img/survival/([^)]+\.png)\)", _generated(survival_page.PAGE.read_text())))
     drawn = {p.name for p in folder.glob("*.png")} if folder.is_dir() else set()
     assert drawn - linked == set(), "figures the page no longer links: git rm them"
+
+
+def test_a_bound_that_rounds_to_zero_is_not_negative():
+    # a normal interval around a share of 0 (no dead latents) has a lower bound of about -2e-4: shown as 0.00
+    assert survival_page._num(-0.0002) == "0.00"
+    assert survival_page._num(-0.006) == "-0.01"
+    assert survival_page._num(float("nan")) == "n/a"
+    row = {"d": 0.0002, "d_low": -0.0001, "d_high": 0.0005}
+    assert survival_page._iv(row, "d", scale=100) == "0.02 [-0.01, 0.05]"

@@ -37,11 +37,15 @@ TASKS = ("ioi", "capitals")
 
 
 def _num(v: Any, digits: int = 2) -> str:
-    return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}f}"
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    text = f"{v:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text  # a bound that rounds to 0 is "0.00"
 
 
-def _iv(row: Any, key: str, digits: int = 2) -> str:
-    return f"{_num(row[key], digits)} [{_num(row[f'{key}_low'], digits)}, {_num(row[f'{key}_high'], digits)}]"
+def _iv(row: Any, key: str, digits: int = 2, scale: float = 1.0) -> str:
+    low, value, high = (row[k] * scale if row[k] is not None else None for k in (f"{key}_low", key, f"{key}_high"))
+    return f"{_num(value, digits)} [{_num(low, digits)}, {_num(high, digits)}]"
 
 
 def _table(frame: pd.DataFrame) -> str:
@@ -197,7 +201,7 @@ def model_section(folder: Path, model: str, results: dict[str, Any]) -> str:
         q = feats["quality"]
         frame = pd.DataFrame({"layer": q["layer"], "FVU": [_iv(r, "fvu") for _, r in q.iterrows()],
                               "CE loss recovered": [_iv(r, "ce_recovered") for _, r in q.iterrows()],
-                              "dead latents": [_iv(r, "dead_share") for _, r in q.iterrows()],
+                              "dead latents (%)": [_iv(r, "dead_share", scale=100) for _, r in q.iterrows()],
                               "L0": q["l0"].map(lambda v: _num(v, 1)), "meets the bar": q["meets the bar"]})
         lines.append("\n**Features: the SAEs' quality** on the held-out rows (bar: FVU <= 0.20, CE loss recovered "
                      ">= 0.80, dead latents <= 10%, each read from its interval):\n\n" + _table(frame))
