@@ -225,7 +225,9 @@ def model_section(folder: Path, model: str, results: dict[str, Any]) -> str:
                                   **{c: p[c] for c in anchors}})
             lines.append("\nPooled over the layers whose SAE meets the bar, beside Duan's rates (62.4%: Pythia-70M, "
                          "6-bit RTN; 51.3%: Gemma-2-2B). His definition, SAEs and references are not known here, so "
-                         "this compares rates, it does not replicate them:\n\n" + _table(frame))
+                         "this compares rates, it does not replicate them. His models are quantized from full "
+                         "precision; SmolLM2's reference here is already Q4_1, so 6-bit RTN re-grids a 4-bit grid and "
+                         "is close to lossless by construction:\n\n" + _table(frame))
     tie = results.get("tie", {}).get("tie")
     if tie is not None and not tie.empty:
         frame = pd.DataFrame({"method": tie["method"], "units": tie["family"], "instances": tie["instances_used"],
