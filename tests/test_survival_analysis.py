@@ -150,3 +150,67 @@ def test_tie_reads_which_restoration_repairs_the_broken_edges(tmp_path):
     _save(folder / f"{file_name(rtn + '#control')}.safetensors", effects=ref, clean=np.full(128, 3.0))
     (row,) = tie_analysis(tmp_path, MODEL, "circuits/ioi", np.ones(4, dtype=bool), registration(), seeds=SEEDS)
     assert (row["T"], row["verdict"]) == (-1.0, "the other weights carry more")
+
+
+def _naive_e(values, reference, region, rows):
+    """E on one set of rows, by a loop over units: (broken share in the region) / (judged share in the region)."""
+    broken = [values[rows, u].mean() / reference[rows, u].mean() < 0.5 for u in range(values.shape[1])]
+    if not any(broken):
+        return np.nan
+    inside = sum(b and r for b, r in zip(broken, region, strict=True)) / sum(broken)
+    return inside / (sum(region) / len(region))
+
+
+def test_where_the_broken_edges_sit_matches_a_loop_over_units(tmp_path):
+    from interp.report.survival.tie import _e_statistic, concentration_analysis
+
+    rng = np.random.default_rng(5)
+    folder = tmp_path / "circuits" / "ioi"
+    n, units = 96, 6
+    ref = -1 + 0.3 * rng.standard_normal((units, n))
+    q = ref.copy()
+    q[[0, 1, 4]] *= rng.uniform(0.2, 0.7, (3, 1)) + 0.2 * rng.standard_normal((3, n))  # near the 0.5 line
+    _save(folder / "reference.safetensors", effects=ref, clean=np.full(n, 3.0))
+    rtn = "rtn:bits=3,group=64"
+    _save(folder / f"{file_name(rtn)}.safetensors", effects=q, clean=np.full(n, 2.0))
+    judged = np.array([True, True, True, True, True, False])
+    region = np.array([True, True, False, False, False])  # among the judged: the first two
+    # the vectorised statistic against the loop, on all rows and on a few resamples
+    from interp.stats import bootstrap_indices
+
+    rows = np.concatenate([np.arange(n)[None], bootstrap_indices(n, 25, 7)])
+    got = _e_statistic(0.5)(([(q.T[:, judged], ref.T[:, judged])], region), rows)
+    want = [_naive_e(q.T[:, judged], ref.T[:, judged], region, r) for r in rows]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    (row,) = concentration_analysis(tmp_path, MODEL, "circuits/ioi", judged, region, registration(), seeds=SEEDS)
+    assert row["E"] == pytest.approx(want[0], rel=1e-12)
+    assert (row["broken_units"], row["judged_units"], row["in_region"]) == (sum(
+        q[u].mean() / ref[u].mean() < 0.5 for u in range(5)), 5, 2)
+    # the degenerate regions are named, not read
+    (none,) = concentration_analysis(tmp_path, MODEL, "circuits/ioi", judged, np.zeros(5, dtype=bool),
+                                     registration(), seeds=SEEDS)
+    (every,) = concentration_analysis(tmp_path, MODEL, "circuits/ioi", judged, np.ones(5, dtype=bool),
+                                      registration(), seeds=SEEDS)
+    assert none["verdict"].startswith("undefined") and every["verdict"].startswith("uninformative")
+
+
+def test_broken_edges_all_in_the_region_concentrate_there(tmp_path):
+    from interp.report.survival.tie import concentration_analysis
+
+    rng = np.random.default_rng(8)
+    folder = tmp_path / "circuits" / "ioi"
+    ref = -1 + 0.1 * rng.standard_normal((6, 128))
+    q = ref.copy()
+    q[:2] *= 0.1  # the two region edges broken, the rest intact
+    _save(folder / "reference.safetensors", effects=ref, clean=np.full(128, 3.0))
+    _save(folder / f"{file_name('rtn:bits=3,group=64')}.safetensors", effects=q, clean=np.full(128, 2.0))
+    region = np.array([True, True, False, False, False, False])
+    (row,) = concentration_analysis(tmp_path, MODEL, "circuits/ioi", np.ones(6, dtype=bool), region,
+                                    registration(), seeds=SEEDS)
+    assert (row["E"], row["verdict"]) == (3.0, "concentrate there")  # all broken in a third of the units
+    q = ref.copy()
+    q[2:5] *= 0.1  # now the broken edges avoid the region
+    _save(folder / f"{file_name('rtn:bits=3,group=64')}.safetensors", effects=q, clean=np.full(128, 2.0))
+    (row,) = concentration_analysis(tmp_path, MODEL, "circuits/ioi", np.ones(6, dtype=bool), region,
+                                    registration(), seeds=SEEDS)
+    assert (row["E"], row["verdict"]) == (0.0, "avoid it")

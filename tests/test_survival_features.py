@@ -289,3 +289,29 @@ def test_the_registered_search_over_latents_and_k(meets, fvus, trained, chosen, 
     report = json.loads((tmp_path / "features" / "candidates-L5.json").read_text())
     assert [(c["latents"], c["k"]) for c in report["candidates"] if c["chosen"]] == [chosen]
     assert report["searched"] == (len(calls) > 1)
+
+
+def test_layer_shares_of_the_non_surviving_latents_from_a_naive_count(tmp_path):
+    """The tie's descriptive feature statistic: each layer's share of the non-surviving judged latents (summed over
+    a method's instances) beside its share of the judged latents, against a count from the per-row sums."""
+    from interp.report.survival.registration import file_name
+    from interp.report.survival.tie import layer_shares
+
+    layers, method = (5, 15), "gptq:bits=3,group=64"
+    ids = [f"{method}@seed61", f"{method}@seed62"]
+    judged, lost = np.zeros(2), np.zeros(2)
+    for i, uid in enumerate(ids):
+        for k, layer in enumerate(layers):
+            stats = _synthetic_stats(10 * i + k, scale=1.0 + k)  # the later layer loses more
+            SurvivalCounts.reduce(stats, [0], 10).save(tmp_path / "features" / f"{file_name(uid)}-L{layer}.safetensors")
+            ok = _per_row_share(0.9, True)  # the headline definition, read per latent from the per-row sums
+            f_ref, _ = stats.firing_rates()
+            is_judged = f_ref[0] * stats.totals()["n"][0, 0] >= 20
+            share = float(ok(stats, np.arange(stats.n_rows)[None])[0])
+            judged[k] += is_judged.sum()
+            lost[k] += round((1 - share) * is_judged.sum())
+    rows = layer_shares(tmp_path, "smollm2-135m", list(layers))
+    assert [r["method"] for r in rows] == [method, method] and rows[0]["instances"] == 2
+    assert [r["share_of_judged"] for r in rows] == pytest.approx(judged / judged.sum(), rel=1e-12)
+    assert [r["share_of_not_surviving"] for r in rows] == pytest.approx(lost / lost.sum(), rel=1e-12)
+    assert lost[1] > lost[0]  # the shares differ, so a swapped layer would show

@@ -68,8 +68,41 @@ def analyse_model(folder: Path, model: str, seeds: Any = None) -> dict[str, Any]
         from interp.report.survival.features import feature_analysis
 
         out["features"] = feature_analysis(folder, model, reg, seeds)
-    out["tie"] = {"tie": _tie(folder, model, out, reg, seeds)}
+    out["tie"] = {"tie": _tie(folder, model, out, reg, seeds), "where": _where(folder, model, out, reg, seeds)}
     return out
+
+
+def _where(folder: Path, model: str, results: dict[str, Any], reg: dict[str, Any], seeds: Any) -> pd.DataFrame:
+    """The tie's secondary statistic E per quantized model: induction heads in the upper half of the layers, and
+    each task's judged edges whose sender is an MLP there (survival-1 localization_tie.secondary)."""
+    import numpy as np
+
+    from interp.report.survival.tie import concentration_analysis
+
+    low, high = reg["models"][model]["upper_half_layers"]
+
+    def upper(layer: int) -> bool:
+        return low <= layer <= high
+
+    rows = []
+    ind = results.get("induction")
+    if ind is not None and ind["bar_met"]:
+        from interp.report.survival.analyse import _load
+
+        shape = _load(folder / "induction" / "reference.safetensors")["pm"].shape[1:]
+        mask, region = np.zeros(shape, dtype=bool), []
+        for unit in ind["judged_heads"]:
+            layer, head = map(int, unit.split("."))
+            mask[layer, head] = True
+        region = np.array([upper(layer) for layer, _ in zip(*np.nonzero(mask), strict=True)])
+        rows += concentration_analysis(folder, model, "induction", mask.reshape(-1), region, reg, seeds)
+    for task in TASKS:
+        if task in results:
+            edges = results[task]["edges"]
+            judged = edges["judged"].to_numpy()
+            region = np.array([s.startswith("mlp ") and upper(int(s.split()[1])) for s in edges["sender"][judged]])
+            rows += concentration_analysis(folder, model, f"circuits/{task}", judged, region, reg, seeds)
+    return pd.DataFrame(rows)
 
 
 def _tie(folder: Path, model: str, results: dict[str, Any], reg: dict[str, Any], seeds: Any) -> pd.DataFrame:
@@ -100,6 +133,42 @@ def _tie(folder: Path, model: str, results: dict[str, Any], reg: dict[str, Any],
         for layer in feats["quality"]["layer"]:
             rows += feature_tie_analysis(folder, model, int(layer), reg, seeds)
     return pd.DataFrame(rows)
+
+
+def _where_section(folder: Path, model: str, results: dict[str, Any]) -> str:
+    """The tie's secondary statistics: E per quantized model and family, and the latents' layer shares."""
+    from interp.report.survival.tie import layer_shares
+
+    low, high = registration()["models"][model]["upper_half_layers"]
+    text = ""
+    where = results.get("tie", {}).get("where")
+    if where is not None and not where.empty:
+        frame = pd.DataFrame({
+            "quantized model": where["method"], "units": where["family"].str.replace("circuits/", "edges: "),
+            "instances used": [f"{u} of {i}" for u, i in zip(where["instances_used"], where["instances"],
+                                                              strict=True)],
+            "judged (in region)": [f"{j} ({r})" for j, r in zip(where["judged_units"], where["in_region"],
+                                                                strict=True)],
+            "broken units": where["broken_units"], "E (95% CI)": [_iv(r, "E") for _, r in where.iterrows()],
+            "resamples with a broken unit": [_num(v) for v in where["defined"]], "verdict": where["verdict"]})
+        text += (f"\n**Where the broken units sit** (the tie's secondary statistic E: the share of broken units in the "
+                 f"region over the share of judged units there; region: layers {low}-{high}, and for edges a sender "
+                 "that is an MLP there; broken: a point ratio < 0.5, recomputed per resample; an instance with no "
+                 "broken unit on all rows is left out, and a resample with none has no E; E > 1 with its interval: "
+                 "\"concentrate there\", < 1: \"avoid it\"):\n\n" + _table(frame))
+    feats = results.get("features")
+    if feats is not None and not feats["quality"].empty:
+        shares = pd.DataFrame(layer_shares(folder, model, [int(v) for v in feats["quality"]["layer"]]))
+        if not shares.empty:
+            frame = pd.DataFrame({"quantized model": shares["method"], "instances": shares["instances"],
+                                  "layer": shares["layer"],
+                                  "share of judged latents": [_num(v) for v in shares["share_of_judged"]],
+                                  "share of non-surviving latents": [_num(v)
+                                                                     for v in shares["share_of_not_surviving"]]})
+            text += ("\nThe latents' layer shares (descriptive only, as registered: a later layer inherits every "
+                     "earlier layer's error; summed over a method's instances, all held-out rows):\n\n"
+                     + _table(frame))
+    return text
 
 
 def _coverage(folder: Path, model: str, family: str) -> str:
@@ -237,6 +306,7 @@ def model_section(folder: Path, model: str, results: dict[str, Any]) -> str:
                      "restoring up, q, k, v, o):\n\n" + _table(frame))
     else:
         lines.append("\n**Localization tie**: no restored variants measured yet.\n")
+    lines.append(_where_section(folder, model, results))
     return "\n".join(lines) + "\n" + _remade(folder)
 
 

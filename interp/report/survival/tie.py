@@ -29,7 +29,7 @@ from interp.report.survival.registration import file_name
 from interp.report.survival.run import VARIANTS, tie_labels
 from interp.stats import Estimate, crossed_bootstrap
 
-__all__ = ["feature_tie_analysis", "repaired_share", "tie_analysis"]
+__all__ = ["concentration_analysis", "feature_tie_analysis", "layer_shares", "repaired_share", "tie_analysis"]
 
 
 def repaired_share(variants: Sequence[np.ndarray], references: Sequence[np.ndarray], broken: np.ndarray,
@@ -163,4 +163,111 @@ def feature_tie_analysis(folder: Any, model: str, layer: int, reg: dict[str, Any
         if measured:
             out.append(_tie_row(entry.label, f"latents L{layer}", per_instance, _feature_t, n, broken_total, used,
                                 n_boot, seed, mc))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The tie's secondary statistics (survival-1, localization_tie.secondary): where the broken units sit
+
+
+def _e_statistic(threshold: float) -> Any:
+    """``E`` for one instance: (share of its broken units inside the region) / (share of all judged units inside
+    it), the broken set recomputed on each resample of the rows; NaN on a resample with no broken unit."""
+    def statistic(data: Any, rows: np.ndarray) -> np.ndarray:
+        criteria, region = data
+        broken = None
+        for values, reference in criteria:  # broken when any criterion's ratio of means < threshold
+            ratio = values[rows].mean(axis=1) / reference[rows].mean(axis=1)
+            broken = ratio < threshold if broken is None else broken | (ratio < threshold)
+        assert broken is not None
+        count = broken.sum(axis=-1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(count > 0, (broken & region).sum(axis=-1) / np.maximum(count, 1), np.nan) / region.mean()
+    return statistic
+
+
+def concentration_analysis(folder: Any, model: str, family: str, units: np.ndarray, region: np.ndarray,
+                           reg: dict[str, Any], seeds: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """``E`` per quantized model for one family (``units`` the judged units' mask, ``region`` which of the judged
+    units lie in the registered region: an MLP sender in the upper half of the layers for edges, the upper half for
+    induction heads). An instance with no broken unit on all rows has no ``E`` and is left out (as for ``T``); a
+    resample with no broken unit has none either and is dropped, and ``defined`` says what share of resamples had
+    one. Verdict from the interval against 1: "concentrate there", "avoid it", "not shown". With no judged unit in
+    the region E is undefined (as registered); with every judged unit there it is 1 by construction, and says so."""
+    from interp.report.survival.analyse import method_instances
+    from interp.stats import bootstrap_indices
+
+    folder = Path(folder)
+    iv = reg["intervals"]
+    n_boot, seed = int(iv["n_boot"]), int(iv["seed"])
+    mc = list(seeds if seeds is not None else iv["boundary"]["mc_seeds"])
+    threshold = 0.5  # the registered point criteria, as for T: r_PM, r_CP and edge ratio >= 0.5
+    statistic = _e_statistic(threshold)
+    ref = _load(folder / family / "reference.safetensors")
+    out = []
+    for label, files in method_instances(folder, family, model).items():
+        per_instance, broken_total = [], 0
+        for uid, _ in files:
+            base = _family_arrays(folder, family, uid, ref)
+            assert base is not None  # method_instances lists existing files only
+            data = ([(values[:, units], reference[:, units]) for values, reference in base], region)
+            n = len(base[0][1])
+            point_broken = np.zeros(int(units.sum()), dtype=bool)
+            for values, reference in data[0]:
+                point_broken |= values.mean(axis=0) / reference.mean(axis=0) < threshold
+            broken_total += int(point_broken.sum())
+            if point_broken.any():
+                per_instance.append(data)
+        row: dict[str, Any] = {"method": label, "family": family, "instances": len(files),
+                               "instances_used": len(per_instance), "broken_units": broken_total,
+                               "judged_units": int(units.sum()), "in_region": int(region.sum())}
+        if not region.any():
+            row.update(E=np.nan, E_low=np.nan, E_high=np.nan, defined=np.nan,
+                       verdict="undefined: no judged unit in the region")
+        elif region.all():  # every broken unit is then in the region too: E is 1 on every resample
+            row.update(E=np.nan, E_low=np.nan, E_high=np.nan, defined=np.nan,
+                       verdict="uninformative: every judged unit is in the region (E = 1 by construction)")
+        elif not per_instance:
+            row.update(E=np.nan, E_low=np.nan, E_high=np.nan, defined=np.nan, verdict="no broken unit")
+        else:
+            rows = bootstrap_indices(n, n_boot, seed)
+            boot = np.mean([statistic(d, rows) for d in per_instance], axis=0)
+
+            def est(s: int, data: list[Any] = per_instance, n: int = n) -> dict[str, Estimate]:
+                return {"E": crossed_bootstrap(data, statistic, n, n_boot, s).estimate}
+            point = est(seed)
+            decision = decide(lambda e: band_verdict(e["E"], "concentrate there", "avoid it", "not shown", 1.0),
+                              point, [est(s) for s in mc], {"E": (1.0,)})
+            row.update(E=point["E"].value, E_low=point["E"].low, E_high=point["E"].high,
+                       defined=float(np.isfinite(boot).mean()), verdict=decision.reading)
+        out.append(row)
+    return out
+
+
+def layer_shares(folder: Any, model: str, layers: Sequence[int]) -> list[dict[str, Any]]:
+    """Descriptive only (survival-1: a later layer inherits every earlier layer's error): per quantized model and
+    layer, that layer's share of the model's non-surviving judged latents (headline definition, all held-out rows,
+    summed over the method's instances) beside its share of the judged latents."""
+    from interp.report.survival.feature_counts import SurvivalCounts
+    from interp.report.survival.roster import roster
+
+    folder = Path(folder)
+    out = []
+    for entry in roster(model):
+        judged, lost, used = np.zeros(len(layers)), np.zeros(len(layers)), 0
+        for uid in entry.ids():
+            paths = [folder / "features" / f"{file_name(uid)}-L{layer}.safetensors" for layer in layers]
+            if not all(p.is_file() for p in paths):
+                continue
+            used += 1
+            for k, p in enumerate(paths):
+                counts = SurvivalCounts.load(p)
+                judged[k] += counts.judged.sum()
+                lost[k] += counts.broken_latents().sum()
+        if not used:
+            continue
+        for k, layer in enumerate(layers):
+            out.append({"method": entry.label, "instances": used, "layer": int(layer),
+                        "share_of_judged": judged[k] / judged.sum(),
+                        "share_of_not_surviving": lost[k] / lost.sum() if lost.sum() else np.nan})
     return out
