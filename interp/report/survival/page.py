@@ -324,23 +324,30 @@ def figure_specs(model: str, results: dict[str, Any]) -> list[tuple[str, pd.Data
         digest = hashlib.sha256(frame.round(6).to_csv(index=False).encode()).hexdigest()[:12]
         specs.append((f"{model}-{family}-{digest}.png", frame, unit, value,
                       f"{model}: {what}, quantized / reference"))
+    rates = results.get("features", {}).get("survival")
+    if isinstance(rates, pd.DataFrame) and not rates.empty:  # the headline definition's rates per layer
+        frame = rates[rates["definition"] == rates["definition"].iloc[0]].reset_index(drop=True)
+        digest = hashlib.sha256(frame.round(6).to_csv(index=False).encode()).hexdigest()[:12]
+        specs.append((f"{model}-features-{digest}.png", frame, "layer", "rate",
+                      f"{model}: SAE latents surviving ({frame['definition'].iloc[0]})"))
     return specs
 
 
 def _figure_links(specs: list[tuple[str, pd.DataFrame, str, str, str]]) -> str:
     if not specs:
         return ""
-    return "\n**Figures** (each cell the registered verdict, colour the point ratio quantized / reference):\n\n" + \
+    return "\n**Figures** (heads and edges: each cell the registered verdict, colour the point ratio quantized / " \
+        "reference; latents: each cell the share surviving with its interval):\n\n" + \
         "\n".join(f"![{title}](img/survival/{name})" for name, _, _, _, title in specs) + "\n"
 
 
 def draw_figures(specs: list[tuple[str, pd.DataFrame, str, str, str]], folder: Path = FIGURES) -> list[Path]:
     """Draw the PNGs the page links (needs a Chromium, as every static figure of interp's)."""
     from interp.figures.style import export_static
-    from interp.figures.survival import unit_heatmap
+    from interp.figures.survival import rate_heatmap, unit_heatmap
 
-    missing = {name[:-4]: unit_heatmap(frame, unit, value, title) for name, frame, unit, value, title in specs
-               if not (folder / name).is_file()}
+    missing = {name[:-4]: rate_heatmap(frame, title) if value == "rate" else unit_heatmap(frame, unit, value, title)
+               for name, frame, unit, value, title in specs if not (folder / name).is_file()}
     drawn = export_static(missing, folder, formats=("png",)) if missing else []
     current = {name for name, *_ in specs}
     stale = sorted(old.name for name in current for old in folder.glob("*.png") if old.name not in current
