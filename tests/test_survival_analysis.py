@@ -169,7 +169,7 @@ def test_where_the_broken_edges_sit_matches_a_loop_over_units(tmp_path):
     n, units = 96, 6
     ref = -1 + 0.3 * rng.standard_normal((units, n))
     q = ref.copy()
-    q[[0, 1, 4]] *= rng.uniform(0.2, 0.7, (3, 1)) + 0.2 * rng.standard_normal((3, n))  # near the 0.5 line
+    q[[0, 1, 3, 4]] *= np.array([[0.3], [0.45], [0.4], [0.55]]) + 0.2 * rng.standard_normal((4, n))  # near 0.5
     _save(folder / "reference.safetensors", effects=ref, clean=np.full(n, 3.0))
     rtn = "rtn:bits=3,group=64"
     _save(folder / f"{file_name(rtn)}.safetensors", effects=q, clean=np.full(n, 2.0))
@@ -201,15 +201,21 @@ def test_broken_edges_all_in_the_region_concentrate_there(tmp_path):
     folder = tmp_path / "circuits" / "ioi"
     ref = -1 + 0.1 * rng.standard_normal((6, 128))
     q = ref.copy()
-    q[:2] *= 0.1  # the two region edges broken, the rest intact
+    q[:3] *= 0.1  # the three region edges broken, the rest intact
     _save(folder / "reference.safetensors", effects=ref, clean=np.full(128, 3.0))
     _save(folder / f"{file_name('rtn:bits=3,group=64')}.safetensors", effects=q, clean=np.full(128, 2.0))
-    region = np.array([True, True, False, False, False, False])
+    region = np.array([True, True, True, False, False, False])
     (row,) = concentration_analysis(tmp_path, MODEL, "circuits/ioi", np.ones(6, dtype=bool), region,
                                     registration(), seeds=SEEDS)
-    assert (row["E"], row["verdict"]) == (3.0, "concentrate there")  # all broken in a third of the units
+    assert (row["E"], row["verdict"]) == (2.0, "concentrate there")  # all broken in half of the units
     q = ref.copy()
-    q[2:5] *= 0.1  # now the broken edges avoid the region
+    q[:2] *= 0.1  # two broken units: below T's minimum of 3, which E shares
+    _save(folder / f"{file_name('rtn:bits=3,group=64')}.safetensors", effects=q, clean=np.full(128, 2.0))
+    (row,) = concentration_analysis(tmp_path, MODEL, "circuits/ioi", np.ones(6, dtype=bool), region,
+                                    registration(), seeds=SEEDS)
+    assert (row["broken_units"], row["verdict"]) == (2, "too few broken units")
+    q = ref.copy()
+    q[3:6] *= 0.1  # now the broken edges avoid the region
     _save(folder / f"{file_name('rtn:bits=3,group=64')}.safetensors", effects=q, clean=np.full(128, 2.0))
     (row,) = concentration_analysis(tmp_path, MODEL, "circuits/ioi", np.ones(6, dtype=bool), region,
                                     registration(), seeds=SEEDS)

@@ -154,7 +154,8 @@ def _where_section(folder: Path, model: str, results: dict[str, Any]) -> str:
         text += (f"\n**Where the broken units sit** (the tie's secondary statistic E: the share of broken units in the "
                  f"region over the share of judged units there; region: layers {low}-{high}, and for edges a sender "
                  "that is an MLP there; broken: a point ratio < 0.5, recomputed per resample; an instance with no "
-                 "broken unit on all rows is left out, and a resample with none has no E; E > 1 with its interval: "
+                 "broken unit on all rows is left out, and a resample with none has no E; fewer than 3 broken "
+                 "units get no verdict, as for T; E > 1 with its interval: "
                  "\"concentrate there\", < 1: \"avoid it\"):\n\n" + _table(frame))
     feats = results.get("features")
     if feats is not None and not feats["quality"].empty:

@@ -193,7 +193,8 @@ def concentration_analysis(folder: Any, model: str, family: str, units: np.ndarr
     induction heads). An instance with no broken unit on all rows has no ``E`` and is left out (as for ``T``); a
     resample with no broken unit has none either and is dropped, and ``defined`` says what share of resamples had
     one. Verdict from the interval against 1: "concentrate there", "avoid it", "not shown". With no judged unit in
-    the region E is undefined (as registered); with every judged unit there it is 1 by construction, and says so."""
+    the region E is undefined (as registered); with every judged unit there it is 1 by construction, and says so;
+    with fewer than 3 broken units (summed over instances) it gets no verdict, as T does."""
     from interp.report.survival.analyse import method_instances
     from interp.stats import bootstrap_indices
 
@@ -229,6 +230,8 @@ def concentration_analysis(folder: Any, model: str, family: str, units: np.ndarr
                        verdict="uninformative: every judged unit is in the region (E = 1 by construction)")
         elif not per_instance:
             row.update(E=np.nan, E_low=np.nan, E_high=np.nan, defined=np.nan, verdict="no broken unit")
+        elif broken_total < 3:  # T's registered minimum, applied to E too
+            row.update(E=np.nan, E_low=np.nan, E_high=np.nan, defined=np.nan, verdict="too few broken units")
         else:
             rows = bootstrap_indices(n, n_boot, seed)
             boot = np.mean([statistic(d, rows) for d in per_instance], axis=0)
