@@ -72,6 +72,19 @@ def analyse_model(folder: Path, model: str, seeds: Any = None) -> dict[str, Any]
     return out
 
 
+def _head_mask(folder: Path, induction: dict[str, Any]) -> Any:
+    """``[layers, heads]`` True at the judged induction heads."""
+    import numpy as np
+
+    from interp.report.survival.analyse import _load
+
+    mask = np.zeros(_load(folder / "induction" / "reference.safetensors")["pm"].shape[1:], dtype=bool)
+    for unit in induction["judged_heads"]:
+        layer, head = map(int, unit.split("."))
+        mask[layer, head] = True
+    return mask
+
+
 def _where(folder: Path, model: str, results: dict[str, Any], reg: dict[str, Any], seeds: Any) -> pd.DataFrame:
     """The tie's secondary statistic E per quantized model: induction heads in the upper half of the layers, and
     each task's judged edges whose sender is an MLP there (survival-1 localization_tie.secondary)."""
@@ -87,13 +100,7 @@ def _where(folder: Path, model: str, results: dict[str, Any], reg: dict[str, Any
     rows = []
     ind = results.get("induction")
     if ind is not None and ind["bar_met"]:
-        from interp.report.survival.analyse import _load
-
-        shape = _load(folder / "induction" / "reference.safetensors")["pm"].shape[1:]
-        mask, region = np.zeros(shape, dtype=bool), []
-        for unit in ind["judged_heads"]:
-            layer, head = map(int, unit.split("."))
-            mask[layer, head] = True
+        mask = _head_mask(folder, ind)
         region = np.array([upper(layer) for layer, _ in zip(*np.nonzero(mask), strict=True)])
         rows += concentration_analysis(folder, model, "induction", mask.reshape(-1), region, reg, seeds)
     for task in TASKS:
@@ -107,21 +114,13 @@ def _where(folder: Path, model: str, results: dict[str, Any], reg: dict[str, Any
 
 def _tie(folder: Path, model: str, results: dict[str, Any], reg: dict[str, Any], seeds: Any) -> pd.DataFrame:
     """The localization tie per registered method and family (induction heads; each task's judged edges)."""
-    import numpy as np
 
     from interp.report.survival.tie import tie_analysis
 
     rows = []
     ind = results.get("induction")
     if ind is not None and ind["bar_met"]:
-        from interp.report.survival.analyse import _load
-
-        shape = _load(folder / "induction" / "reference.safetensors")["pm"].shape[1:]
-        mask = np.zeros(shape, dtype=bool)
-        for unit in ind["judged_heads"]:
-            layer, head = map(int, unit.split("."))
-            mask[layer, head] = True
-        rows += tie_analysis(folder, model, "induction", mask.reshape(-1), reg, seeds)
+        rows += tie_analysis(folder, model, "induction", _head_mask(folder, ind).reshape(-1), reg, seeds)
     for task in TASKS:
         if task in results:
             rows += tie_analysis(folder, model, f"circuits/{task}", results[task]["edges"]["judged"].to_numpy(), reg,
