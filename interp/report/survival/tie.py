@@ -44,6 +44,15 @@ def repaired_share(variants: Sequence[np.ndarray], references: Sequence[np.ndarr
     return ok.mean(axis=-1)
 
 
+def _broken(criteria: Sequence[tuple[np.ndarray, np.ndarray]], rows: np.ndarray, threshold: float) -> np.ndarray:
+    """``[boot, units]``: a unit is broken in a resample ``rows`` (``[boot, n]``) when any criterion's ratio of means,
+    quantized (``[n, units]``) over reference, is < ``threshold`` (the registered point criteria)."""
+    broken = np.zeros((len(rows), criteria[0][0].shape[1]), dtype=bool)
+    for values, reference in criteria:
+        broken |= values[rows].mean(axis=1) / reference[rows].mean(axis=1) < threshold
+    return broken
+
+
 def _t_statistic(threshold: float) -> Any:
     def statistic(data: Any, rows: np.ndarray) -> np.ndarray:
         named, control, references, broken = data
@@ -88,10 +97,7 @@ def tie_analysis(folder: Any, model: str, family: str, units: np.ndarray, reg: d
                 continue
             measured += 1
             everything = np.arange(len(base[0][0]))[None]
-            broken = np.zeros(units.sum(), dtype=bool)
-            for values, reference in base:  # broken when any criterion's point ratio < threshold
-                ratio = values[everything][..., units].mean(axis=1)[0] / reference[..., units].mean(axis=0)
-                broken |= ratio < threshold
+            broken = _broken([(v[:, units], r[:, units]) for v, r in base], everything, threshold)[0]
             broken_total += int(broken.sum())
             if not broken.any():
                 continue
@@ -175,11 +181,7 @@ def _e_statistic(threshold: float) -> Any:
     it), the broken set recomputed on each resample of the rows; NaN on a resample with no broken unit."""
     def statistic(data: Any, rows: np.ndarray) -> np.ndarray:
         criteria, region = data
-        broken = None
-        for values, reference in criteria:  # broken when any criterion's ratio of means < threshold
-            ratio = values[rows].mean(axis=1) / reference[rows].mean(axis=1)
-            broken = ratio < threshold if broken is None else broken | (ratio < threshold)
-        assert broken is not None
+        broken = _broken(criteria, rows, threshold)
         count = broken.sum(axis=-1)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(count > 0, (broken & region).sum(axis=-1) / np.maximum(count, 1), np.nan) / region.mean()
@@ -213,25 +215,20 @@ def concentration_analysis(folder: Any, model: str, family: str, units: np.ndarr
             assert base is not None  # method_instances lists existing files only
             data = ([(values[:, units], reference[:, units]) for values, reference in base], region)
             n = len(base[0][1])
-            point_broken = np.zeros(int(units.sum()), dtype=bool)
-            for values, reference in data[0]:
-                point_broken |= values.mean(axis=0) / reference.mean(axis=0) < threshold
+            point_broken = _broken(data[0], np.arange(n)[None], threshold)[0]
             broken_total += int(point_broken.sum())
             if point_broken.any():
                 per_instance.append(data)
         row: dict[str, Any] = {"method": label, "family": family, "instances": len(files),
                                "instances_used": len(per_instance), "broken_units": broken_total,
                                "judged_units": int(units.sum()), "in_region": int(region.sum())}
-        if not region.any():
-            row.update(E=np.nan, E_low=np.nan, E_high=np.nan, defined=np.nan,
-                       verdict="undefined: no judged unit in the region")
-        elif region.all():  # every broken unit is then in the region too: E is 1 on every resample
-            row.update(E=np.nan, E_low=np.nan, E_high=np.nan, defined=np.nan,
-                       verdict="uninformative: every judged unit is in the region (E = 1 by construction)")
-        elif not per_instance:
-            row.update(E=np.nan, E_low=np.nan, E_high=np.nan, defined=np.nan, verdict="no broken unit")
-        elif broken_total < 3:  # T's registered minimum, applied to E too
-            row.update(E=np.nan, E_low=np.nan, E_high=np.nan, defined=np.nan, verdict="too few broken units")
+        # every broken unit is in the region too when all judged units are: E is then 1 on every resample
+        unread = ("undefined: no judged unit in the region" if not region.any() else
+                  "uninformative: every judged unit is in the region (E = 1 by construction)" if region.all() else
+                  "no broken unit" if not per_instance else
+                  "too few broken units" if broken_total < 3 else None)  # T's registered minimum, applied to E
+        if unread is not None:
+            row.update(E=np.nan, E_low=np.nan, E_high=np.nan, defined=np.nan, verdict=unread)
         else:
             rows = bootstrap_indices(n, n_boot, seed)
             boot = np.mean([statistic(d, rows) for d in per_instance], axis=0)
