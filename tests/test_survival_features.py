@@ -315,3 +315,43 @@ def test_layer_shares_of_the_non_surviving_latents_from_a_naive_count(tmp_path):
     assert [r["share_of_judged"] for r in rows] == pytest.approx(judged / judged.sum(), rel=1e-12)
     assert [r["share_of_not_surviving"] for r in rows] == pytest.approx(lost / lost.sum(), rel=1e-12)
     assert lost[1] > lost[0]  # the shares differ, so a swapped layer would show
+
+
+def test_readings_of_committed_counts_against_numpy_on_the_raw_activations(tmp_path):
+    """SurvivalCounts.readings (what notebook 10 reads): each judged latent's rho, rate ratio and rates, from the
+    committed totals, equal numpy's Pearson correlation and counts on the raw activations; a latent the quantized
+    model never fires has rho NaN and does not survive; latents below 20 reference positions are not listed."""
+    g = np.random.default_rng(11)
+    n_rows, d_sae = 20, 12
+    per_row = [int(x) for x in g.integers(5, 9, n_rows)]
+    a = np.maximum(g.normal(0, 1, (sum(per_row), d_sae)) + np.linspace(-2.5, 1.0, d_sae), 0)
+    # rho from about 0.8 to 0.98 and some rates more than doubled: each part of the definition decides a latent
+    b = np.maximum(a + g.uniform(0.0, 0.6, d_sae) * g.normal(0, 1, a.shape), 0)
+    b[:, d_sae - 1] = 0  # the most frequent latent never fires in the quantized model
+    row_of = np.repeat(np.arange(n_rows), per_row)
+    sums = {name: np.stack([f[row_of == r].sum(0) for r in range(n_rows)])
+            for name, f in (("sum_a", a), ("sum_b", b), ("sum_aa", a * a), ("sum_bb", b * b), ("sum_ab", a * b),
+                            ("fire_a", a > 0), ("fire_b", b > 0))}
+    row, latent = np.nonzero((sums["fire_a"] > 0) | (sums["fire_b"] > 0))
+    values = {k: v[row, latent].astype(np.int32 if k.startswith("fire") else np.float64) for k, v in sums.items()}
+    stats = LatentRowStats(row=row.astype(np.int32), latent=latent.astype(np.int32), **values,
+                           positions=np.asarray(per_row, dtype=np.int64), d_sae=d_sae)
+    counts = SurvivalCounts.load(SurvivalCounts.reduce(stats, [0], 10).save(tmp_path / "c.safetensors"))
+    got = counts.readings()
+    judged = [j for j in range(d_sae) if (a[:, j] > 0).sum() >= 20]
+    assert got["latent"].tolist() == judged and 0 < len(judged) < d_sae
+    for _, r in got.iterrows():
+        j = int(r["latent"])
+        f_a, f_b = (a[:, j] > 0).mean(), (b[:, j] > 0).mean()
+        assert r["rate_reference"] == pytest.approx(f_a, rel=1e-12)
+        assert r["rate_quantized"] == pytest.approx(f_b, rel=1e-12, abs=0)
+        assert r["rate_ratio"] == pytest.approx(f_b / f_a, rel=1e-12, abs=0)
+        if b[:, j].std() == 0:
+            assert np.isnan(r["rho"]) and not r["survives"]
+            continue
+        rho = np.corrcoef(a[:, j], b[:, j])[0, 1]
+        # float64 sums of a few hundred O(1) products against numpy's two-pass formula: 1e-9 is many ulps wide
+        assert r["rho"] == pytest.approx(rho, rel=1e-9, abs=1e-12)
+        assert r["survives"] == bool(rho >= 0.9 and 0.5 <= f_b / f_a <= 2)
+    assert 0 < got["survives"].sum() == counts.point()[0] < len(got) - 1  # some survive, some do not
+    assert np.isnan(got.set_index("latent").loc[d_sae - 1, "rho"])

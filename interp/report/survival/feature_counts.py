@@ -30,7 +30,8 @@ import numpy as np
 
 from interp.errors import DataError
 
-__all__ = ["DEFINITIONS", "JUDGED_MIN_POSITIONS", "SUMS", "SurvivalCounts", "survive_counts", "survive_mask"]
+__all__ = ["DEFINITIONS", "JUDGED_MIN_POSITIONS", "SUMS", "SurvivalCounts", "rho_and_ratio", "survive_counts",
+           "survive_mask"]
 
 #: survival-1 ``features.survival``: ``survives`` (the headline, first) and ``secondary`` (the other thresholds with
 #: the rate condition, and the headline threshold alone): (name, rho threshold, rate condition 0.5 <= f'/f <= 2)
@@ -44,10 +45,10 @@ JUDGED_MIN_POSITIONS = 20
 SUMS = ("sum_a", "sum_b", "sum_aa", "sum_bb", "sum_ab", "fire_a", "fire_b")
 
 
-def survive_mask(t: dict[str, np.ndarray], judged: np.ndarray) -> np.ndarray:
-    """``[boot, definitions, judged latents]``: whether each ``judged`` latent survives, from totals ``t`` (``n``
-    ``[boot, 1]``, each sum ``[boot, d_sae]``): Pearson rho over positions (zeros included; undefined counts as not
-    surviving) and the firing-rate ratio f'/f, read under each of :data:`DEFINITIONS`."""
+def rho_and_ratio(t: dict[str, np.ndarray], judged: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``[boot, judged latents]`` twice, from totals ``t`` (``n`` ``[boot, 1]``, each sum ``[boot, d_sae]``): each
+    ``judged`` latent's Pearson rho over positions (zeros included; NaN where either model never fires) and its
+    firing-rate ratio f'/f (the quantized model's firing positions over the reference's)."""
     n = t["n"]
     a, b = t["sum_a"][:, judged], t["sum_b"][:, judged]
     cov = t["sum_ab"][:, judged] - a * b / n
@@ -56,6 +57,13 @@ def survive_mask(t: dict[str, np.ndarray], judged: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         rho = np.where((var_a > 0) & (var_b > 0), cov / np.sqrt(var_a * var_b), np.nan)
         ratio = t["fire_b"][:, judged] / t["fire_a"][:, judged]
+    return rho, ratio
+
+
+def survive_mask(t: dict[str, np.ndarray], judged: np.ndarray) -> np.ndarray:
+    """``[boot, definitions, judged latents]``: whether each ``judged`` latent survives, from totals ``t``
+    (:func:`rho_and_ratio`; an undefined rho counts as not surviving), read under each of :data:`DEFINITIONS`."""
+    rho, ratio = rho_and_ratio(t, judged)
     rho = np.nan_to_num(rho, nan=-1.0)
     rate_ok = (ratio >= 0.5) & (ratio <= 2.0)
     return np.stack([(rho >= r) & rate_ok if rate else rho >= r for _, r, rate in DEFINITIONS], axis=1)
@@ -121,11 +129,31 @@ class SurvivalCounts:
                    dict(stats.settings), -1 if broken is None else int(broken.sum()),
                    None if broken is None else np.stack(repaired).astype(np.int32))
 
-    def _survives_all_rows(self) -> np.ndarray:
-        """``[definitions, judged latents]`` survival on all held-out rows, from the totals."""
+    def _all_rows(self) -> dict[str, np.ndarray]:
+        """The totals over all held-out rows in the form of one resample (``n`` ``[1, 1]``, sums ``[1, d_sae]``)."""
         t = {name: value[None] for name, value in self.totals.items()}
         t["n"] = np.asarray(self.totals["n"]).reshape(1, 1)
-        return survive_mask(t, self.judged)[0]
+        return t
+
+    def _survives_all_rows(self) -> np.ndarray:
+        """``[definitions, judged latents]`` survival on all held-out rows, from the totals."""
+        return survive_mask(self._all_rows(), self.judged)[0]
+
+    def readings(self) -> Any:
+        """One row per judged latent, on all held-out rows (a DataFrame): ``latent``, ``rho`` and ``rate_ratio``
+        (:func:`rho_and_ratio`; ``rho`` is NaN only where the quantized model never fires there, which the registered
+        definitions count as not surviving), the firing rates ``rate_reference`` and ``rate_quantized`` (shares of
+        positions) and ``survives`` (the headline definition)."""
+        import pandas as pd
+
+        t = self._all_rows()
+        judged = self.judged
+        rho, ratio = rho_and_ratio(t, judged)
+        n = float(t["n"][0, 0])
+        return pd.DataFrame({"latent": np.flatnonzero(judged), "rho": rho[0], "rate_ratio": ratio[0],
+                             "rate_reference": self.totals["fire_a"][judged] / n,
+                             "rate_quantized": self.totals["fire_b"][judged] / n,
+                             "survives": self._survives_all_rows()[0]})
 
     def broken_latents(self) -> np.ndarray:
         """``[d_sae]`` the judged latents that do not survive (headline definition) on all held-out rows."""
@@ -148,9 +176,7 @@ class SurvivalCounts:
 
     def point(self) -> np.ndarray:
         """``[definitions]`` surviving judged latents on all held-out rows."""
-        t = {name: value[None] for name, value in self.totals.items()}
-        t["n"] = np.asarray(self.totals["n"]).reshape(1, 1)
-        return survive_counts(t, self.judged)[0]
+        return survive_counts(self._all_rows(), self.judged)[0]
 
     def counts_for(self, rows: np.ndarray) -> np.ndarray:
         """``[boot, definitions]`` counts of the resamples ``rows`` (``[boot, n_rows]``): all rows once, or the
