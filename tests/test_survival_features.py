@@ -337,7 +337,7 @@ def test_readings_of_committed_counts_against_numpy_on_the_raw_activations(tmp_p
     stats = LatentRowStats(row=row.astype(np.int32), latent=latent.astype(np.int32), **values,
                            positions=np.asarray(per_row, dtype=np.int64), d_sae=d_sae)
     counts = SurvivalCounts.load(SurvivalCounts.reduce(stats, [0], 10).save(tmp_path / "c.safetensors"))
-    got = counts.readings()
+    got = counts.readings().to_frame()
     judged = [j for j in range(d_sae) if (a[:, j] > 0).sum() >= 20]
     assert got["latent"].tolist() == judged and 0 < len(judged) < d_sae
     for _, r in got.iterrows():
@@ -355,3 +355,11 @@ def test_readings_of_committed_counts_against_numpy_on_the_raw_activations(tmp_p
         assert r["survives"] == bool(rho >= 0.9 and 0.5 <= f_b / f_a <= 2)
     assert 0 < got["survives"].sum() == counts.point()[0] < len(got) - 1  # some survive, some do not
     assert np.isnan(got.set_index("latent").loc[d_sae - 1, "rho"])
+    # the one finite-results check: NaN only where documented (rho), nothing else
+    from interp.errors import NonFiniteError
+    from interp.report.survival.feature_counts import LatentReadings
+
+    bad = got.copy()
+    bad.loc[0, "rate_ratio"] = np.nan
+    with pytest.raises(NonFiniteError, match="rate_ratio"):
+        LatentReadings(bad)

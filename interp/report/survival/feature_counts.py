@@ -28,10 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from interp.display import ResultDisplay
 from interp.errors import DataError
+from interp.results import CheckedResult
 
-__all__ = ["DEFINITIONS", "JUDGED_MIN_POSITIONS", "SUMS", "SurvivalCounts", "rho_and_ratio", "survive_counts",
-           "survive_mask"]
+__all__ = ["DEFINITIONS", "JUDGED_MIN_POSITIONS", "SUMS", "LatentReadings", "SurvivalCounts", "rho_and_ratio",
+           "survive_counts", "survive_mask"]
 
 #: survival-1 ``features.survival``: ``survives`` (the headline, first) and ``secondary`` (the other thresholds with
 #: the rate condition, and the headline threshold alone): (name, rho threshold, rate condition 0.5 <= f'/f <= 2)
@@ -139,21 +141,18 @@ class SurvivalCounts:
         """``[definitions, judged latents]`` survival on all held-out rows, from the totals."""
         return survive_mask(self._all_rows(), self.judged)[0]
 
-    def readings(self) -> Any:
-        """One row per judged latent, on all held-out rows (a DataFrame): ``latent``, ``rho`` and ``rate_ratio``
-        (:func:`rho_and_ratio`; ``rho`` is NaN only where the quantized model never fires there, which the registered
-        definitions count as not surviving), the firing rates ``rate_reference`` and ``rate_quantized`` (shares of
-        positions) and ``survives`` (the headline definition)."""
+    def readings(self) -> LatentReadings:
+        """Each judged latent's reading on all held-out rows (:class:`LatentReadings`)."""
         import pandas as pd
 
         t = self._all_rows()
         judged = self.judged
         rho, ratio = rho_and_ratio(t, judged)
         n = float(t["n"][0, 0])
-        return pd.DataFrame({"latent": np.flatnonzero(judged), "rho": rho[0], "rate_ratio": ratio[0],
-                             "rate_reference": self.totals["fire_a"][judged] / n,
-                             "rate_quantized": self.totals["fire_b"][judged] / n,
-                             "survives": self._survives_all_rows()[0]})
+        return LatentReadings(pd.DataFrame({
+            "latent": np.flatnonzero(judged), "rho": rho[0], "rate_ratio": ratio[0],
+            "rate_reference": self.totals["fire_a"][judged] / n, "rate_quantized": self.totals["fire_b"][judged] / n,
+            "survives": self._survives_all_rows()[0]}), dict(self.settings))
 
     def broken_latents(self) -> np.ndarray:
         """``[d_sae]`` the judged latents that do not survive (headline definition) on all held-out rows."""
@@ -240,3 +239,27 @@ class SurvivalCounts:
         return cls({k.removeprefix("totals."): v.numpy() for k, v in tensors.items() if k.startswith("totals.")},
                    counts, seeds, int(meta["n_rows"]), json.loads(meta.get("settings", "{}")),
                    int(meta.get("broken", "-1")), repaired)
+
+
+@dataclass(frozen=True)
+class LatentReadings(CheckedResult, ResultDisplay):
+    """One quantized model's judged latents at one layer, on all held-out rows.
+
+    Attributes:
+        table: one row per judged latent: ``latent``, ``rho`` and ``rate_ratio`` (:func:`rho_and_ratio`), the firing
+            rates ``rate_reference`` and ``rate_quantized`` (shares of positions), and ``survives`` (the headline
+            definition, the first of :data:`DEFINITIONS`).
+        settings: what the committed counts were computed from.
+
+    Made only finite: see :mod:`interp.results`.
+    """
+
+    # rho is undefined (NaN) where the quantized model never fires on the held-out rows (no variance); the registered
+    # definitions count such a latent as not surviving
+    allow_nan = ("table[rho]",)
+
+    table: Any
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def to_frame(self) -> Any:
+        return self.table.copy()
