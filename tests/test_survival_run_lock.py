@@ -118,3 +118,93 @@ def test_variants_only_beside_scores_of_the_same_weights(tmp_path, monkeypatch):
     survival_run._record(folder, "awq@seed62", "b", ["circuits"])  # the circuits measured on the new weights
     assert survival_run._measured_on(folder, "awq@seed62", "b", ["circuits"])
     assert not survival_run._measured_on(folder, "awq@seed62", "b", ["induction", "circuits"])  # induction on 'a'
+
+
+def test_a_remeasured_stage_moves_to_superseded_and_the_page_says_so(tmp_path, monkeypatch):
+    """Measured again on the weights in hand (``--remeasure``): the earlier record no longer claims the stage whose
+    files now hold the later weights' numbers, and the page names it."""
+    from interp.report.survival.page import _remade
+
+    folder = survival_run.Folder(tmp_path / "run")
+    monkeypatch.setattr(interp.models, "weights_digest", lambda model: f"{model}" * 12)
+    monkeypatch.setattr(interp.runtime.batching, "cpu_identity", lambda: "cpu")
+    survival_run._record(folder, "gptq@seed61", "a", ["induction", "circuits"])
+    survival_run._record(folder, "gptq@seed61", "b", ["features"])
+    survival_run._record(folder, "gptq@seed61", "b", ["induction"], replaced=True)
+    entry = json.loads(folder.path("models.json").read_text())["gptq@seed61"]
+    assert entry["stages"] == ["features", "induction"]
+    assert [(e["stages"], e["superseded"]) for e in entry["earlier"]] == [(["circuits"], ["induction"])]
+    assert "circuits on weights `aaaaaaaaaaaa` (cpu) (since measured again on the later weights: induction)" \
+        in _remade(folder.out)
+    assert survival_run._stale(folder, "gptq@seed61", "b", ["induction", "circuits", "features"]) == ["circuits"]
+
+
+def _fake_run(tmp_path, monkeypatch, weights: str, remeasure: bool) -> dict:
+    """The run's loop on one GPTQ instance with its model, quantizer and scores replaced by labels: ``weights``
+    names the weights the quantizer gives this time, and each score file holds the weights it was measured on."""
+    import numpy as np
+
+    import interp.localize.restoration
+    import interp.runtime.hooks
+
+    codes = {"a": 1.0, "b": 2.0}
+    monkeypatch.setattr(interp.models, "load_model", lambda name: "reference")
+    monkeypatch.setattr(interp.models, "weights_digest", lambda model: f"digest-{model}")
+    monkeypatch.setattr(interp.runtime.batching, "cpu_identity", lambda: "cpu")
+    monkeypatch.setattr(interp.runtime.hooks, "n_layers", lambda model: 2)
+    monkeypatch.setattr(interp.localize.restoration, "restore_layers",
+                        lambda q, ref, layers, roles: f"{q}+{'/'.join(roles)}")
+    monkeypatch.setattr(survival_run, "_start_record", lambda folder, model: None)
+    monkeypatch.setattr(survival_run, "_token_set", lambda folder, model, ref: [1, 2])
+    monkeypatch.setattr(survival_run, "_sequences", lambda folder, ref, ids: {"measurement": None, "selection": None})
+    monkeypatch.setattr(survival_run, "make", lambda *a, **k: weights)
+
+    def scores(model, seqs, ids):
+        base, _, roles = model.partition("+")
+        code = 0.0 if model == "reference" else 10 * codes[base] + (1 if "gate" in roles else 2) if roles \
+            else codes[base]
+        return np.full((1, 1, 1), code), np.full((1, 1, 1), code)
+
+    monkeypatch.setattr(survival_run, "induction_scores", scores)
+    out = tmp_path / "run"
+    survival_run.run("gemma3-270m", out, ["induction"], ["gptq:bits=3,group=64@seed61"], None, progress=False,
+                     variants=True, remeasure=remeasure)
+    from safetensors.torch import load_file
+
+    return {p.name: float(load_file(str(p))["pm"].item()) for p in sorted((out / "induction").glob("gptq*"))}
+
+
+def test_remeasure_gives_the_tie_an_instance_and_variants_of_the_same_weights(tmp_path, monkeypatch, capsys):
+    """Made again with other weights ('b' after 'a'), the instance's scores stay those of 'a' and the tie leaves it
+    out; ``--remeasure`` measures it again on 'b', and then its variants, both from 'b'. With the one check of
+    which weights a stage was measured on (``_stale``) switched off, the run would keep 'a''s scores beside 'b''s
+    variants, which the last assertion refuses."""
+    first = _fake_run(tmp_path, monkeypatch, "a", remeasure=False)
+    assert first == {"gptq-bits-3-group-64@seed61#control.safetensors": 12.0,
+                     "gptq-bits-3-group-64@seed61#named.safetensors": 11.0,
+                     "gptq-bits-3-group-64@seed61.safetensors": 1.0}
+    for p in (tmp_path / "run" / "induction").glob("*#*"):
+        p.unlink()  # the variants of 'a' gone, as on a machine that measured only the instance
+    capsys.readouterr()
+    kept = _fake_run(tmp_path, monkeypatch, "b", remeasure=False)
+    assert kept == {"gptq-bits-3-group-64@seed61.safetensors": 1.0}
+    assert "not measured" in capsys.readouterr().err
+    again = _fake_run(tmp_path, monkeypatch, "b", remeasure=True)
+    assert again == {"gptq-bits-3-group-64@seed61#control.safetensors": 22.0,
+                     "gptq-bits-3-group-64@seed61#named.safetensors": 21.0,
+                     "gptq-bits-3-group-64@seed61.safetensors": 2.0}
+    entry = json.loads((tmp_path / "run" / "models.json").read_text())["gptq:bits=3,group=64@seed61"]
+    assert entry["weights_sha256"] == "digest-b" and entry["earlier"][0]["superseded"] == ["induction"]
+
+
+def test_remeasure_without_only_is_refused_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    import interp.models
+
+    def no(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(interp.models, "load_model", no)
+    assert survival_run.main(["--model", "gemma3-270m", "--out", str(tmp_path / "o"), "--remeasure"]) != 0
+    err = capsys.readouterr().err
+    assert "--remeasure replaces committed scores: name the instances with --only" in err
+    assert "Traceback" not in err and not (tmp_path / "o").exists()

@@ -129,12 +129,13 @@ def _search(reference: Any, train: Any, validation: Any, validation_rows: Any, l
 
 def latent_survival(reference: Any, other: Any, saes: dict[int, Any], held_out: Any, raw: Path, unit: str,
                     captured: dict[str, Any] | None = None, working: Path | None = None,
-                    reg: dict[str, Any] | None = None) -> None:
+                    reg: dict[str, Any] | None = None, again: bool = False) -> None:
     """Each layer's feature survival of ``other`` against the reference, in the committed form of survival-2
     (:class:`~interp.report.survival.feature_counts.SurvivalCounts`, ``raw/features/<id>-L<layer>``), reduced from
     the per-row sums (:class:`~interp.localize.sae_metrics.LatentRowStats`), which stay in ``working`` (default: the
     cache). One forward of ``other`` for all layers; the reference's activations are captured once per run and
-    kept in ``captured`` (the run's context), since they are the same for every quantized model."""
+    kept in ``captured`` (the run's context), since they are the same for every quantized model. With ``again``,
+    nothing already written is read: the rows and the counts are measured again and replace their files."""
     from interp.localize.sae_metrics import LatentRowStats, held_out_activations, latent_stats_layers
     from interp.models import cache_dir
     from interp.report.survival.feature_counts import SurvivalCounts
@@ -146,9 +147,9 @@ def latent_survival(reference: Any, other: Any, saes: dict[int, Any], held_out: 
     working = working or cache_dir() / "survival-sae" / "latent-rows"
     out = {layer: raw / "features" / f"{file_name(unit)}-L{layer}.safetensors" for layer in saes}
     rows = {layer: working / f"{file_name(unit)}-L{layer}.safetensors" for layer in saes}
-    if all(path.is_file() for path in out.values()):
+    if not again and all(path.is_file() for path in out.values()):
         return
-    if not all(path.is_file() for path in rows.values()):
+    if again or not all(path.is_file() for path in rows.values()):
         ordered = [saes[layer] for layer in sorted(saes)]
         if captured is None:
             captured = {}
@@ -158,7 +159,7 @@ def latent_survival(reference: Any, other: Any, saes: dict[int, Any], held_out: 
         for layer, stat in zip(sorted(saes), stats, strict=True):
             stat.save(rows[layer])
     for layer, path in out.items():
-        if path.is_file():
+        if path.is_file() and not again:
             continue
         broken = None
         if "#" in unit:  # a restored variant of the tie: its instance's broken latents (survival-3)

@@ -181,6 +181,12 @@ def _coverage(folder: Path, model: str, family: str) -> str:
     return "; ".join(rows)
 
 
+def _stages_kept(entry: dict[str, Any]) -> str:
+    if entry.get("stages") is None:
+        return "stages not recorded"
+    return ", ".join(entry["stages"]) or "no stage kept"
+
+
 def _remade(folder: Path) -> str:
     """The instances measured on more than one set of weights (``models.json``'s ``earlier``), with the stages
     measured on each: a fitted quantizer made again on another CPU gives other weights from the same seed."""
@@ -191,8 +197,10 @@ def _remade(folder: Path) -> str:
     for unit, entry in sorted(json.loads(path.read_text()).items()):
         if not entry.get("earlier"):
             continue
-        parts = [f"{', '.join(e.get('stages') or ['stages not recorded'])} on weights "
-                 f"`{str(e.get('weights_sha256'))[:12]}` ({str(e.get('cpu', '?')).split(';')[0]})"
+        parts = [f"{_stages_kept(e)} on weights `{str(e.get('weights_sha256'))[:12]}` "
+                 f"({str(e.get('cpu', '?')).split(';')[0]})"
+                 + (f" (since measured again on the later weights: {', '.join(e['superseded'])})"
+                    if e.get("superseded") else "")
                  for e in [*entry["earlier"], entry]]
         items.append(f"- `{unit}`: " + "; ".join(parts))
     if not items:

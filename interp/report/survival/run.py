@@ -14,7 +14,8 @@ resumes at the first missing file):
 - ``circuits/<task>-reference.parquet``: the reference circuit's top edges (``interp.localize.circuit.circuit``);
 - ``circuits/<task>/<id>.safetensors``: ``effects [edges, pairs]`` and ``clean [pairs]`` on the measurement pairs;
 - ``models.json``: each quantized instance's weights digest, where it was made and the stages measured on it
-  (an instance made again with other weights keeps the earlier record under ``earlier``).
+  (an instance made again with other weights keeps the earlier record under ``earlier``; a stage measured again
+  on the weights in hand, ``--remeasure``, moves from an earlier record's ``stages`` to its ``superseded``).
 
 ``<id>`` is ``reference``, a label (``rtn:bits=3,group=64``) or ``label@instance`` (``gptq:bits=3,group=64@seed61``),
 made file-safe by :func:`~interp.report.survival.registration.file_name`.
@@ -67,11 +68,12 @@ class Folder:
     def path(self, *parts: str) -> Path:
         return self.out.joinpath(*parts)
 
-    def tensors(self, path: Path, make_them: Callable[[], dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """Load ``path`` if it exists, else make the tensors, write them whole, and return them."""
+    def tensors(self, path: Path, make_them: Callable[[], dict[str, Any]], again: bool = False
+                ) -> dict[str, torch.Tensor]:
+        """Load ``path`` if it exists (unless ``again``), else make the tensors, write them whole, and return them."""
         from safetensors.torch import load_file
 
-        if path.is_file():
+        if path.is_file() and not again:
             return load_file(str(path))
         # host: numpy results written to a file
         made = {k: torch.as_tensor(np.ascontiguousarray(v)) for k, v in make_them().items()}
@@ -179,8 +181,10 @@ def _reference_circuit(folder: Folder, reference: Any, task: str, pairs: units.P
     return table
 
 
-def measure(folder: Folder, model: Any, unit_id: str, stages: Sequence[str], context: dict[str, Any]) -> None:
-    """Every stage's raw numbers for one model (the reference or a quantized instance), skipping what exists."""
+def measure(folder: Folder, model: Any, unit_id: str, stages: Sequence[str], context: dict[str, Any],
+            again: Sequence[str] = ()) -> None:
+    """Every stage's raw numbers for one model (the reference or a quantized instance), skipping what exists, except
+    the stages named in ``again``, which are measured again and replace their files."""
     name = file_name(unit_id)
     if "induction" in stages:
         seqs, ids = context["sequences"], context["token_set"]
@@ -192,21 +196,24 @@ def measure(folder: Folder, model: Any, unit_id: str, stages: Sequence[str], con
                 out["pm_selection"], out["cp_selection"] = induction_scores(model, seqs["selection"], ids)
             return out
 
-        folder.tensors(folder.path("induction", f"{name}.safetensors"), scores)
+        folder.tensors(folder.path("induction", f"{name}.safetensors"), scores, again="induction" in again)
     if "features" in stages and unit_id != "reference":
         from interp.report.survival.features import latent_survival
 
         latent_survival(context["reference"], model, context["saes"], context["held_out"], folder.out, unit_id,
-                        context)
+                        context, again="features" in again)
     if "circuits" in stages:
         for task in TASKS:
             pairs, sets, edges = context["circuits"][task]
             if edges is None:
                 continue
             m = pairs.take(sets["measurement"])
-            folder.tensors(folder.path("circuits", task, f"{name}.safetensors"), lambda m=m, edges=edges: dict(zip(
-                ("effects", "clean"), cc.edge_effects(model, m.clean, m.corrupt, m.answers, m.wrongs, edges),
-                strict=True)))
+
+            def effects(m: Any = m, edges: Any = edges) -> dict[str, Any]:
+                return dict(zip(("effects", "clean"),
+                                cc.edge_effects(model, m.clean, m.corrupt, m.answers, m.wrongs, edges), strict=True))
+
+            folder.tensors(folder.path("circuits", task, f"{name}.safetensors"), effects, again="circuits" in again)
 
 
 def _done(folder: Folder, unit_id: str, stages: Sequence[str], context: dict[str, Any]) -> bool:
@@ -220,13 +227,14 @@ def _done(folder: Folder, unit_id: str, stages: Sequence[str], context: dict[str
     return all(f.is_file() for f in files)
 
 
-def _record(folder: Folder, unit_id: str, model: Any, stages: Sequence[str]) -> None:
+def _record(folder: Folder, unit_id: str, model: Any, stages: Sequence[str], replaced: bool = False) -> None:
     """Keep the weights digest of the instance measured as ``unit_id``, with the stages measured on it.
 
     A quantizer that fits its weights (GPTQ, AWQ) gives other weights on another CPU from the same seed and rows,
     so an instance made again after its cache was lost, or on another machine, is another set of weights. Its
     earlier record is kept under ``earlier`` (nothing is lost) and the run says so: the raw data show which stage
-    was measured on which weights."""
+    was measured on which weights. ``replaced``: the files of ``stages`` were measured again on these weights, so an
+    earlier record's ``stages`` no longer have their files (moved to its ``superseded``)."""
     from interp.models import weights_digest
     from interp.runtime.batching import cpu_identity
 
@@ -245,25 +253,39 @@ def _record(folder: Folder, unit_id: str, model: Any, stages: Sequence[str]) -> 
                   f"(digest {entry['weights_sha256'][:12]}, before {str(prior.get('weights_sha256'))[:12]} on "
                   f"{prior.get('cpu')}): models.json keeps both, with the stages measured on each.",
                   file=sys.stderr, flush=True)
+        for old in entry.get("earlier", []) if replaced else []:
+            moved = set(stages) if old.get("stages") is None else set(old["stages"]) & set(stages)
+            if moved:
+                if old.get("stages") is not None:
+                    old["stages"] = sorted(set(old["stages"]) - moved)
+                old["superseded"] = sorted(set(old.get("superseded", [])) | moved)
         record[unit_id] = entry
         write_json(path, record)
 
 
-def _measured_on(folder: Folder, unit_id: str, model: Any, stages: Sequence[str]) -> bool:
-    """Whether every one of ``stages`` of ``unit_id`` was measured on ``model``'s weights, as models.json records
-    them: the tie's restored variants are derived from the weights in hand, and are compared with the instance's own
-    scores, so both must come from the same weights."""
+def _stale(folder: Folder, unit_id: str, model: Any, stages: Sequence[str]) -> list[str]:
+    """The ones of ``stages`` of ``unit_id`` that models.json does not show measured on ``model``'s weights (the one
+    place that decides whether an instance's scores belong to the weights in hand): the tie's restored variants are
+    derived from the weights in hand and compared with the instance's own scores, so both must come from the same
+    weights. An entry made once and never made again predates per-stage records: its stages are its weights'."""
     from interp.models import weights_digest
 
     path = folder.path("models.json")
     entry = json.loads(path.read_text()).get(unit_id) if path.is_file() else None
     if entry is None or entry.get("weights_sha256") != weights_digest(model):
-        return False
-    return not entry.get("earlier") or set(stages) <= set(entry.get("stages", []))
+        return list(stages)
+    if not entry.get("earlier"):
+        return []
+    return [s for s in stages if s not in entry.get("stages", [])]
+
+
+def _measured_on(folder: Folder, unit_id: str, model: Any, stages: Sequence[str]) -> bool:
+    """Whether every one of ``stages`` of ``unit_id`` was measured on ``model``'s weights (:func:`_stale`)."""
+    return not _stale(folder, unit_id, model, stages)
 
 
 def _variants(folder: Folder, reference: Any, quantized: Any, unit_id: str, stages: Sequence[str],
-              context: dict[str, Any]) -> None:
+              context: dict[str, Any], again: Sequence[str] = ()) -> None:
     """The localization tie's two variants of one instance: the reference's gate and down weights restored in every
     layer ('named'), or its up, q, k, v and o ('control'), each measured like any model (id ``unit#variant``)."""
     from interp.localize.restoration import restore_layers
@@ -272,10 +294,10 @@ def _variants(folder: Folder, reference: Any, quantized: Any, unit_id: str, stag
     layers = list(range(hk.n_layers(reference)))
     for name, roles in VARIANTS.items():
         variant_id = f"{unit_id}#{name}"
-        if _done(folder, variant_id, stages, context):
+        if not again and _done(folder, variant_id, stages, context):
             continue
         restored = restore_layers(quantized, reference, layers, roles=list(roles))
-        measure(folder, restored, variant_id, stages, context)
+        measure(folder, restored, variant_id, stages, context, again=again)
         del restored
         gc.collect()
 
@@ -290,12 +312,39 @@ def _named(entry: Any, only: Sequence[str] | None) -> bool:
     return any(_wanted(entry, u, only) for u in entry.ids())
 
 
+def _measure_instance(folder: Folder, reference: Any, quantized: Any, unit_id: str, stages: Sequence[str],
+                      context: dict[str, Any], variants: bool, remeasure: bool) -> None:
+    """One quantized instance: its missing stages, with ``remeasure`` its stages measured on other weights, and with
+    ``variants`` the tie's restored variants, only beside scores of the same weights."""
+    missing = [s for s in stages if not _done(folder, unit_id, [s], context)]
+    if missing:  # recorded first: a killed run resumes on the same (cached) weights at the first missing file
+        _record(folder, unit_id, quantized, missing)
+        measure(folder, quantized, unit_id, missing, context)
+    stale = _stale(folder, unit_id, quantized, [s for s in stages if s not in missing]) if remeasure else []
+    if stale:  # recorded after: a run killed half-way measures them again
+        print(f"note: {unit_id}: measuring {', '.join(stale)} again on the weights in hand "
+              f"({', '.join(stale)} {'was' if len(stale) == 1 else 'were'} measured on other weights)",
+              file=sys.stderr, flush=True)
+        measure(folder, quantized, unit_id, stale, context, again=stale)
+        _record(folder, unit_id, quantized, stale, replaced=True)
+    if variants:
+        if _measured_on(folder, unit_id, quantized, stages):
+            _variants(folder, reference, quantized, unit_id, stages, context, again=stale)
+        else:
+            print(f"note: {unit_id}'s restored variants are not measured: its {', '.join(stages)} scores were "
+                  "measured on other weights (made on another CPU, models.json 'earlier'), and the tie "
+                  "compares an instance with its own variants only", file=sys.stderr, flush=True)
+
+
 def run(model_name: str, out: str | Path, stages: Sequence[str] = STAGES, only: Sequence[str] | None = None,
-        build: Path | None = None, progress: bool | None = None, variants: bool = False) -> Path:
+        build: Path | None = None, progress: bool | None = None, variants: bool = False, remeasure: bool = False
+        ) -> Path:
     """Compute (or resume) the raw data of ``stages`` for ``model_name``, reference first, then every quantized
     instance of the registration (headline first), or only the rows and instances ``only`` names (a label, or one
     instance's id such as ``plan Q3_K_M@33``, so that two runs can share a row's instances); with ``variants``, also the
-    localization tie's restored variants of the registered methods' instances."""
+    localization tie's restored variants of the registered methods' instances. With ``remeasure``, a stage of a named
+    instance that models.json shows measured on other weights (a fitted quantizer made again) is measured again on
+    the weights in hand, its variants' too, so that the tie can compare the instance with its own variants."""
     from interp.models import cache_dir, load_model
 
     check_model(model_name)
@@ -331,22 +380,14 @@ def run(model_name: str, out: str | Path, stages: Sequence[str] = STAGES, only: 
                 continue
             wanted = [unit_id] + ([f"{unit_id}#{v}" for v in VARIANTS] if variants and entry.label in tie_labels()
                                   else [])
-            if all(_done(folder, w, stages, context) for w in wanted):
+            if not remeasure and all(_done(folder, w, stages, context) for w in wanted):
                 continue
             started = time.time()
             # the llama.cpp files are large and made again from the registered plans: they live in the cache
             quantized = make(reference, model_name, entry, instance, cache_dir() / "survival-gguf" / model_name, build,
                              progress=progress)
-            if not _done(folder, unit_id, stages, context):
-                _record(folder, unit_id, quantized, stages)
-                measure(folder, quantized, unit_id, stages, context)
-            if variants and entry.label in tie_labels():
-                if _measured_on(folder, unit_id, quantized, stages):
-                    _variants(folder, reference, quantized, unit_id, stages, context)
-                else:
-                    print(f"note: {unit_id}'s restored variants are not measured: its {', '.join(stages)} scores were "
-                          "measured on other weights (made on another CPU, models.json 'earlier'), and the tie "
-                          "compares an instance with its own variants only", file=sys.stderr, flush=True)
+            _measure_instance(folder, reference, quantized, unit_id, stages, context,
+                              variants and entry.label in tie_labels(), remeasure)
             print(f"{unit_id}: {time.time() - started:.0f} s", file=sys.stderr, flush=True)
             del quantized
             gc.collect()
@@ -362,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="labels of the roster, or instance ids (LABEL@INSTANCE), separated by ; (default: all)")
     parser.add_argument("--llama-cpp", default=None, help="llama.cpp's binaries (default $LLAMA_CPP_BIN)")
     parser.add_argument("--variants", action="store_true", help="also the localization tie's restored variants")
+    parser.add_argument("--remeasure", action="store_true",
+                        help="measure again, on the weights in hand, the stages of the --only instances that were "
+                             "measured on other weights (models.json 'earlier'); their variants too")
     args = parser.parse_args(argv)
     from interp.quant.llama_cpp_run import find_build
 
@@ -373,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         labels = {e.label for e in roster(args.model)}
         names = labels | {u for e in roster(args.model) for u in e.ids()}
         only = [s.strip() for s in args.only.split(";")] if args.only else None
+        if args.remeasure and not only:
+            raise DataError("--remeasure replaces committed scores: name the instances with --only")
         if only and set(only) - names:
             raise DataError(f"--only names {', '.join(sorted(set(only) - names))}, not in the roster: "
                             f"{'; '.join(sorted(labels))} (or one instance, LABEL@INSTANCE)")
@@ -382,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
             raise DataError(f"{'; '.join(by_llama)} {'is' if len(by_llama) == 1 else 'are'} made by llama-quantize: "
                             "name a llama.cpp build (--llama-cpp DIR or LLAMA_CPP_BIN; `make llama-cpp` builds one), "
                             "or leave them out with --only")
-        run(args.model, args.out, stages, only, build, variants=args.variants)
+        run(args.model, args.out, stages, only, build, variants=args.variants, remeasure=args.remeasure)
 
     return exit_status(body)
 
