@@ -227,6 +227,7 @@ def test_feature_tie_from_committed_counts_equals_the_per_row_computation(tmp_pa
 def test_latent_survival_writes_the_committed_form_for_an_instance_and_its_variant(tmp_path):
     """The run's step on a tiny model: per-row sums go to the working folder, the committed form to raw/features;
     the reference is captured once for both calls; the variant's file carries its instance's broken latents."""
+    from interp.models import weights_digest
     from interp.report.survival.features import latent_survival
 
     model = interp.tiny_model("llama")
@@ -249,7 +250,7 @@ def test_latent_survival_writes_the_committed_form_for_an_instance_and_its_varia
     for layer in saes:
         base = SurvivalCounts.load(raw / "features" / f"{file_name(uid)}-L{layer}.safetensors")
         named = SurvivalCounts.load(raw / "features" / f"{file_name(uid)}#named-L{layer}.safetensors")
-        assert (working / f"{file_name(uid)}-L{layer}.safetensors").is_file()
+        assert (working / f"{file_name(uid)}-{weights_digest(quantized)[:16]}-L{layer}.safetensors").is_file()
         assert base.counts.shape == (2, 50, len(DEFINITIONS)) and base.repaired is None
         broken = base.broken_latents()
         assert named.broken == int(broken.sum())
@@ -363,3 +364,28 @@ def test_readings_of_committed_counts_against_numpy_on_the_raw_activations(tmp_p
     bad.loc[0, "rate_ratio"] = np.nan
     with pytest.raises(NonFiniteError, match="rate_ratio"):
         LatentReadings(bad)
+
+
+def test_latent_rows_are_reused_only_for_the_same_weights(tmp_path):
+    """The working per-row sums are a cache: an instance made again under the same name with other weights (GPTQ
+    on another CPU) must be measured, not read from the earlier weights' rows. With the rows keyed by the name
+    alone, the second call would return the 2-bit model's counts for the 3-bit one, which the last line refuses."""
+    from interp.report.survival.features import latent_survival
+
+    model = interp.tiny_model("llama")
+    tokens = torch.randint(0, 256, (6, 24), generator=torch.Generator().manual_seed(3))
+    tokens[:, 0] = 256
+    rows = interp.Examples.from_tokens(tokens)
+    saes = {5: _sae()}
+    reg = copy.deepcopy(registration())
+    reg["intervals"]["n_boot"] = 20
+    reg["intervals"]["boundary"]["mc_seeds"] = [1]
+    uid = "gptq:bits=3,group=64@seed61"
+    counts = []
+    for n, spec in enumerate(["rtn:bits=2,group=32", "rtn:bits=8,group=32"]):
+        raw = tmp_path / f"raw{n}"  # the committed file gone, as when an instance is measured again
+        (raw / "features").mkdir(parents=True)
+        latent_survival(model, quantize(model, spec, progress=False), saes, rows, raw, uid, {}, tmp_path / "work", reg)
+        counts.append(SurvivalCounts.load(raw / "features" / f"{file_name(uid)}-L5.safetensors"))
+    assert len(list((tmp_path / "work").iterdir())) == 2
+    assert counts[0].broken_latents().sum() > counts[1].broken_latents().sum()
