@@ -146,14 +146,14 @@ def latent_survival(reference: Any, other: Any, saes: dict[int, Any], held_out: 
     seeds = [int(iv["seed"]), *(int(s) for s in iv["boundary"]["mc_seeds"])]
     working = working or cache_dir() / "survival-sae" / "latent-rows"
     out = {layer: raw / "features" / f"{file_name(unit)}-L{layer}.safetensors" for layer in saes}
+    if not again and all(path.is_file() for path in out.values()):
+        return
     # the per-row sums are reused only for the same weights: keyed by the weights' digest, not by the instance's
     # name alone, since an instance made again (GPTQ on another CPU) has other weights under the same name
     from interp.models import weights_digest
 
     key = weights_digest(other)[:16]
     rows = {layer: working / f"{file_name(unit)}-{key}-L{layer}.safetensors" for layer in saes}
-    if not again and all(path.is_file() for path in out.values()):
-        return
     if again or not all(path.is_file() for path in rows.values()):
         ordered = [saes[layer] for layer in sorted(saes)]
         if captured is None:
