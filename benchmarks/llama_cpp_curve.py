@@ -532,12 +532,13 @@ def score_group(s: Setup, names: list[str], rows: torch.Tensor, size: str = "gro
         return Llama(model_path=str(path), n_ctx=rows.shape[1], n_batch=rows.shape[1], n_threads=threads,
                      n_threads_batch=threads, logits_all=True, verbose=False)
 
-    def logprobs(llm: Any, row: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def logits(llm: Any, row: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Float64 logits of every position but the last, their log-sum-exp and the top token."""
         llm.reset()
         llm.eval(row)
-        logits = np.asarray(llm.scores[:len(row) - 1], dtype=np.float32)
-        lp = torch.log_softmax(torch.from_numpy(logits.astype(np.float64)), dim=1).numpy()
-        return lp, logits.argmax(axis=1)
+        raw = np.asarray(llm.scores[:len(row) - 1], dtype=np.float32)
+        z = raw.astype(np.float64)
+        return z, torch.logsumexp(torch.from_numpy(z), dim=1).numpy(), raw.argmax(axis=1)
 
     n, width = rows.shape[0], rows.shape[1] - 1
     kl = {m: np.empty((n, width)) for m in names}
@@ -572,15 +573,20 @@ def score_group(s: Setup, names: list[str], rows: torch.Tensor, size: str = "gro
     start = time.perf_counter()
     for i in range(first, n):
         row = rows[i].tolist()
-        lp_ref, top_ref = logprobs(ref, row)
+        z_ref, lse_ref, top_ref = logits(ref, row)
         at = (np.arange(width), np.asarray(row[1:]))
+        lp_ref = z_ref - lse_ref[:, None]
         ref_nll[i] = -lp_ref[at].mean()
         p_ref = np.exp(lp_ref)
+        # KL(ref || m) per position = sum_v p_ref (lp_ref - z + lse) = sum p_ref lp_ref - p_ref . z + lse * sum p_ref:
+        # the same float64 sum as materialising m's log-softmax (within 1e-12 here), without the two passes over the
+        # vocabulary that cost most of Gemma's scoring (1.3 s of ~1.5 s a file and example, 262,144 logits a token)
+        h_ref, mass = np.einsum("ij,ij->i", p_ref, lp_ref), p_ref.sum(axis=1)
         for m, llm in models.items():
-            lp, top = logprobs(llm, row)
-            kl[m][i] = (p_ref * (lp_ref - lp)).sum(axis=1)
+            z, lse, top = logits(llm, row)
+            kl[m][i] = h_ref - np.einsum("ij,ij->i", p_ref, z) + lse * mass
             same[m][i] = top == top_ref
-            nll[m][i] = -lp[at].mean()
+            nll[m][i] = lse.mean() - z[at].mean()
         if (i + 1) % save_every == 0 and i + 1 < n:
             save(i + 1)
             log(f"  {i + 1} examples, {time.perf_counter() - start:.0f} s (saved)")

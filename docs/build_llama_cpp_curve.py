@@ -216,8 +216,70 @@ def progress(model: str, folder: Path | None = None) -> str:
             "no verdict is read before every size is scored.")
 
 
+DIAGNOSTIC = ROOT / "docs" / "data" / "prescribe" / "llama-cpp" / "diagnostics" / "smollm2-q3kl.json"
+
+
+def imatrix_means(sizes: tuple[str, ...], folder: Path | None = None) -> dict[str, float]:
+    """Held-out mean KL of SmolLM2's llama-imatrix mix per size, averaged over the curve's seeds (committed scores);
+    a size not scored yet is left out."""
+    import pandas as pd
+
+    scores = (folder or DATA / "smollm2-135m") / "scores"
+    out = {}
+    for size in sizes:
+        files = sorted(scores.glob(f"mix_llama_imatrix-{size}-*.parquet"))
+        if files:
+            out[size] = sum(float(pd.read_parquet(f)["kl"].mean()) for f in files) / len(files)
+    return out
+
+
+def diagnostic_section(path: Path = DIAGNOSTIC) -> str:
+    """Why SmolLM2's plain Q3_K_L scores worse than its plain Q3_K_M: ``benchmarks/llama_cpp_mix_roles.py``'s
+    committed result rendered (nothing when it has not been run)."""
+    if not path.is_file():
+        return ""
+    r = json.loads(path.read_text())
+    files, err = r["files"], r["weight_relative_error"]
+
+    def diff(label: str) -> str:
+        d = files[label]["against_Q3_K_M"]
+        return (f"{d['difference']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}], worse on "
+                f"{100 * d['share_of_examples_worse']:.0f}% of examples")
+
+    rows = ["| file | bytes | mean KL | minus plain Q3_K_M (95% interval) |", "|---|---:|---:|---|"]
+    for label, f in files.items():
+        rows.append(f"| {label} | {f['bytes']:,} | {f['mean_kl']:.4f} | "
+                    f"{'—' if f['against_Q3_K_M'] is None else diff(label)} |")
+    single = sum(f["against_Q3_K_M"]["difference"] for label, f in files.items() if "+" in label)
+    whole = files["Q3_K_L"]["against_Q3_K_M"]["difference"]
+    imatrix = "; ".join(f"{size} {kl:.4f}" for size, kl in imatrix_means(("Q3_K_M", "Q3_K_L")).items())
+    imatrix = f"llama-imatrix mixes, mean KL over the curve's seeds, {imatrix}" if imatrix else "n/a"
+    werr = "; ".join(f"`{role}` " + ", ".join(f"{t.upper()} {100 * v:.2f}%" for t, v in types.items())
+                     for role, types in err.items())
+    return "\n\n".join([
+        "#### A diagnostic, not registered: why SmolLM2's plain Q3_K_L scores worse than its plain Q3_K_M",
+        "On SmolLM2 plain Q3_K_L stores every tensor at as many bits as plain Q3_K_M or more (`attn_v` and "
+        "`attn_output` Q5_1 for Q5_0, `ffn_down` Q5_K for Q4_K; the other roles fall back to the same legacy types "
+        "because 576 is not a multiple of 256), yet its held-out mean KL is higher. "
+        "`benchmarks/llama_cpp_mix_roles.py` gives plain Q3_K_M one of Q3_K_L's types at a time "
+        f"(`--tensor-type`) and scores each file on the curve's {r['examples']} held-out examples through llama.cpp, "
+        "paired with plain Q3_K_M (bootstrap over examples):",
+        "\n".join(rows),
+        "Relative weight error ||Q(W) - W|| / ||W|| over every block weight of the role, without an importance "
+        f"matrix, as llama-quantize rounds: {werr}. The reference is the bundled GGUF's Q4_1 weights in F32, so "
+        "every block of 32 weights holds at most 16 evenly spaced values; on such weights llama-quantize's Q5_1 "
+        "stores `attn_v` and `attn_output` less exactly than Q5_0, and its Q5_K stores `ffn_down` less exactly than "
+        "Q4_K (whose 32-weight sub-blocks with a scale and an offset can nearly hold a Q4_1 block). Held-out KL "
+        "follows that for `attn_v` (most of the loss) and `attn_output`, not measurably for `ffn_down`; the three "
+        f"single-role changes add up to {single:+.4f} of Q3_K_L's {whole:+.4f}, the rest coming from the roles "
+        f"together. With an importance matrix the order is as expected: {imatrix}. This is a property of requantizing "
+        "a 4-bit reference, not a finding about Q3_K_L on original weights.",
+    ])
+
+
 def section(data: dict[str, dict[str, Any]]) -> str:
-    return "\n\n".join(model_section(m, data.get(m)) for m in MODELS)
+    parts = [model_section(m, data.get(m)) for m in MODELS]
+    return "\n\n".join(parts + ([diagnostic_section()] if DIAGNOSTIC.is_file() else []))
 
 
 def render(page: str, data: dict[str, dict[str, Any]] | None = None) -> str:

@@ -501,3 +501,60 @@ def test_a_non_finite_score_writes_nothing(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="non-finite KL or NLL for Q2_K"):
         bench.score_group(s, names, rows, "Q2_K", save_every=8)
     assert not (s.run / "scores").exists()
+
+
+def test_scores_equal_a_naive_kl_nll_and_top_token_per_position(tmp_path, monkeypatch):
+    """The scored KL(ref || file), NLL and same-top rate equal a per-position loop over the fake's logits that
+    normalises each distribution itself (softmax by division, no log-sum-exp). Both are float64 sums of 13
+    terms of size <= ~10, so they agree to well under 1e-12 (about 13 x 10 x 2.2e-16 = 3e-14 per position)."""
+    import hashlib
+
+    import llama_cpp_curve as bench
+    from safetensors.numpy import load_file
+
+    names, rows = ["Q2_K", "plan_mean-Q2_K-41"], _rows(n=5)
+    _fake_llama_cpp(monkeypatch, [])
+    s = _scoring_run(tmp_path / "run", names)
+    bench.score_group(s, names, rows, "Q2_K", save_every=8)
+
+    def logits_of(name: str, row: list[int]) -> np.ndarray:
+        seed = int.from_bytes(hashlib.sha256(s.gguf(name).read_bytes()).digest()[:4], "little")
+        raw = np.random.default_rng([seed, *row]).normal(size=(len(row), 13)).astype(np.float32)
+        return raw[:-1].astype(np.float64)
+
+    frames = _scores(s.run, names)
+    for i, row in enumerate(rows.tolist()):
+        ref = logits_of("ref-f32", row)
+        for m in names:
+            z = logits_of(m, row)
+            kl, nll, same = [], [], []
+            for t in range(len(row) - 1):
+                p = np.exp(ref[t]) / np.exp(ref[t]).sum()
+                q = np.exp(z[t]) / np.exp(z[t]).sum()
+                kl.append(sum(p[v] * np.log(p[v] / q[v]) for v in range(13)))
+                nll.append(-np.log(q[row[t + 1]]))
+                same.append(np.argmax(z[t]) == np.argmax(ref[t]))
+            per_token = load_file(str(s.run / "scores" / f"{m}.safetensors"))["kl"][i]  # stored as float32
+            np.testing.assert_allclose(per_token, kl, rtol=2 ** -23, atol=1e-12)
+            assert abs(frames[m]["kl"][i] - np.mean(kl)) < 1e-12
+            assert abs(frames[m]["nll"][i] - np.mean(nll)) < 1e-12
+            assert frames[m]["same_top"][i] == np.mean(same)
+
+
+def test_the_mix_roles_diagnostic_agrees_with_the_curve_and_is_rendered(tmp_path):
+    """The diagnostic scored plain Q3_K_M and Q3_K_L again in its own run: their mean KL must equal the curve's
+    committed scores of the same files (same files, examples and code; the two runs agreed to 2e-15 per example),
+    and the page's paragraph is rendered from its JSON (nothing without it)."""
+    import build_llama_cpp_curve as page
+    import pandas as pd
+
+    r = json.loads(page.DIAGNOSTIC.read_text())
+    scores = page.DATA / "smollm2-135m" / "scores"
+    for label in ("Q3_K_M", "Q3_K_L"):
+        curve = pd.read_parquet(scores / f"mix_plain-{label}.parquet")
+        assert abs(r["files"][label]["mean_kl"] - float(curve["kl"].mean())) < 1e-12
+        assert r["files"][label]["bytes"] == int(curve["bytes"].iloc[0])  # byte for byte the same file
+    text = page.diagnostic_section()
+    for label, f in r["files"].items():
+        assert f"| {label} | {f['bytes']:,} | {f['mean_kl']:.4f} |" in text
+    assert page.diagnostic_section(tmp_path / "absent.json") == ""
