@@ -111,9 +111,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows, _ = run_curve.examples(s, model.tokenizer)
     del model
     tokens = rows.tokens if args.examples is None else rows.tokens[:args.examples]
-    todo = [n for n in names.values() if not (s.run / "scores" / f"{n}.parquet").exists()]
-    if todo:
-        run_curve.score_group(s, todo, tokens, "mix-roles")
+    # always scored (about 15 minutes): a kill resumes at the last save, which score_group reuses only for the same
+    # rows, file bytes and code; finished scores are not reused, so a changed --examples is never read from old ones
+    run_curve.score_group(s, list(names.values()), tokens, "mix-roles")
     import pandas as pd
 
     kl = {label: pd.read_parquet(s.run / "scores" / f"{n}.parquet")["kl"].to_numpy() for label, n in names.items()}
