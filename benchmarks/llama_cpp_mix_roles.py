@@ -75,12 +75,11 @@ def weight_errors(source: Path) -> dict[str, dict[str, float]]:
 
 def paired(kl: dict[str, np.ndarray], name: str, base: str, seed: int = 0) -> dict[str, float]:
     """Mean KL of ``name`` minus ``base`` over the same examples, with a 95% percentile bootstrap interval."""
-    d = kl[name] - kl[base]
-    rng = np.random.default_rng(seed)
-    boots = d[rng.integers(0, d.size, size=(N_BOOT, d.size))].mean(axis=1)
-    lo, hi = np.percentile(boots, [2.5, 97.5])
-    return {"difference": float(d.mean()), "low": float(lo), "high": float(hi),
-            "share_of_examples_worse": float((d > 0).mean())}
+    from interp.quant.protocol import paired_mean_difference
+
+    est = paired_mean_difference(kl[name], kl[base], n_boot=N_BOOT, seed=seed)
+    return {"difference": est.value, "low": est.low, "high": est.high,
+            "share_of_examples_worse": float((kl[name] > kl[base]).mean())}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -279,7 +279,7 @@ def diagnostic_section(path: Path = DIAGNOSTIC) -> str:
 
 def section(data: dict[str, dict[str, Any]]) -> str:
     parts = [model_section(m, data.get(m)) for m in MODELS]
-    return "\n\n".join(parts + ([diagnostic_section()] if DIAGNOSTIC.is_file() else []))
+    return "\n\n".join(parts + [d for d in [diagnostic_section()] if d])
 
 
 def render(page: str, data: dict[str, dict[str, Any]] | None = None) -> str:
