@@ -30,6 +30,11 @@ records; not the GGUF files) are copied to the kept folder (``--keep``, by defau
 done so far, and only the GGUF files of the sizes not yet scored are made again (a plan's with its recorded bytes).
 Scoring uses ``LLAMA_THREADS`` threads (default 1: the logits do not depend on it, see :func:`run_model`).
 
+``--sizes A,B`` scores only those sizes, so two processes can score one model's sizes on two cores in the same run
+folder (each size's partial scores are its own files; the analysis waits for a run that scores every size): e.g.
+one process without ``--sizes`` (it goes through the sizes in order and skips those already scored) and one with
+``--sizes Q6_K,Q5_K_M`` from the other end. Two processes must never score the same size at once.
+
     LLAMA_CPP_BIN=/path/to/build/bin PYTHONPATH=/folder/holding/llama_cpp \\
         python benchmarks/llama_cpp_curve.py --model smollm2-135m [--write]
     python benchmarks/llama_cpp_curve.py --dry-run       # every phase on a tiny GGUF, in a temporary folder
@@ -97,6 +102,7 @@ class Setup:
     reference_limit: int | None = None  # bytes: only sizes whose plain mix is smaller are judged
     mc_seeds: tuple[int, ...] = tuple(range(1, 21))
     keep: Path | None = None  # the committed copy of the run's small files (:func:`keep_state`)
+    score_sizes: list[str] | None = None  # --sizes: only these are scored, and nothing is analysed
 
     @property
     def seeds(self) -> list[int]:
@@ -622,8 +628,8 @@ def record_names(s: Setup, size: str, record: dict[str, Any]) -> list[str]:
 
 def phase_scores(s: Setup, rows: Any, record: dict[str, Any]) -> None:
     """Size by size: its plans' GGUF files made again where a resumed run lacks them, its unscored files scored,
-    its tensor types recorded (``tensor_types/``), and the state kept."""
-    for size in s.sizes:
+    its tensor types recorded (``tensor_types/``), and the state kept; only ``s.score_sizes`` when named."""
+    for size in s.sizes if s.score_sizes is None else s.score_sizes:
         if size_done(s, size):
             continue
         for arm in curve.ARMS:
@@ -739,6 +745,9 @@ def run_model(s: Setup, write: bool) -> dict[str, Any]:
     del model
     record = phase_plans(s, sens)
     phase_scores(s, rows, record)
+    if s.score_sizes is not None:
+        log(f"scored {', '.join(s.score_sizes)}; the analysis waits for a run over every size")
+        return {"scored": s.score_sizes}
     result = analyse(s)
     write_json(s.run / "result.json", sanitize(result))
     if write:
@@ -783,6 +792,18 @@ def setup(model: str, run: Path | None, binary: Path, dry: bool, keep: Path | No
                  run or ROOT / "runs" / NAME / model, registered_limit(reg, model, source), keep=keep or OUT / model)
 
 
+def chosen_sizes(text: str, sizes: list[str], write: bool) -> list[str]:
+    """``--sizes``: the sizes named, each one of the model's, in the order given; refused before any work."""
+    if write:
+        raise SystemExit("--sizes scores part of the curve and analyses nothing, so there is nothing to --write; "
+                         "run without --sizes once every size is scored")
+    named = [z.strip() for z in text.split(",") if z.strip()]
+    unknown = [z for z in named if z not in sizes]
+    if not named or unknown or len(set(named)) != len(named):
+        raise SystemExit(f"--sizes {text!r}: name each size once, from {', '.join(sizes)}")
+    return named
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="a model of the registration")
@@ -790,6 +811,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "--dry-run: a new temporary folder)")
     parser.add_argument("--write", action="store_true", help="copy the results to docs/data (not with --dry-run)")
     parser.add_argument("--dry-run", action="store_true", help="every phase on a tiny GGUF in minutes")
+    parser.add_argument("--sizes", default=None, help="score only these sizes (comma-separated, e.g. Q6_K,Q5_K_M) "
+                        "and analyse nothing: a second process on another core, in the same run folder")
     parser.add_argument("--keep", default=None, help="where the run's small files are kept as it goes and restored "
                         "from on a resume (default docs/data/prescribe/llama-cpp/llama-cpp-curve-1/MODEL; --dry-run: "
                         "none unless named)")
@@ -801,6 +824,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit("--dry-run writes to its own folder only")
     s = setup(args.model, Path(args.run) if args.run else None, binary, args.dry_run,
               Path(args.keep) if args.keep else None)
+    if args.sizes is not None:
+        s.score_sizes = chosen_sizes(args.sizes, s.sizes, args.write)
     start = time.perf_counter()
     result = run_model(s, args.write)
     log(f"{s.model}: done in {time.perf_counter() - start:.0f} s ({s.run})")

@@ -541,6 +541,70 @@ def test_scores_equal_a_naive_kl_nll_and_top_token_per_position(tmp_path, monkey
             assert frames[m]["same_top"][i] == np.mean(same)
 
 
+class _HeldOut(list):
+    tokens = None
+
+
+def test_sizes_scores_only_the_named_sizes_in_their_order(tmp_path, monkeypatch):
+    """``--sizes Q6_K,Q4_K_M``: phase_scores goes through those two sizes only, in that order (a second process
+    scores from the other end of the curve), skipping one already done; a run without it goes through every size."""
+    import types
+
+    import llama_cpp_curve as bench
+
+    scored: list[str] = []
+    monkeypatch.setattr(bench, "size_done", lambda s, size: size == "Q4_K_M")
+    monkeypatch.setattr(bench, "remake_plan", lambda *a: None)
+    monkeypatch.setattr(bench, "file_names", lambda s, size, record: [f"mix_plain-{size}"])
+    monkeypatch.setattr(bench, "score_group", lambda s, names, rows, size: scored.append(size))
+    monkeypatch.setattr(bench, "write_size_records", lambda *a: [])
+    monkeypatch.setattr(bench, "keep_state", lambda s: None)
+    sizes = ["Q2_K", "Q4_K_M", "Q5_K_M", "Q6_K"]
+    s = types.SimpleNamespace(run=tmp_path, sizes=sizes, seeds=[41], score_sizes=["Q6_K", "Q4_K_M", "Q2_K"])
+    rows = _HeldOut()
+    bench.phase_scores(s, rows, {})
+    assert scored == ["Q6_K", "Q2_K"]
+    scored.clear()
+    s.score_sizes = None
+    bench.phase_scores(s, rows, {})
+    assert scored == ["Q2_K", "Q5_K_M", "Q6_K"]
+
+
+def test_a_run_with_sizes_stops_after_its_scores_without_the_analysis(tmp_path, monkeypatch):
+    import types
+
+    import llama_cpp_curve as bench
+
+    for phase in ("restore_state", "record_start", "keep_state", "phase_imatrices", "phase_imatrix_mixes",
+                  "phase_sensitivity", "phase_plans", "phase_scores"):
+        monkeypatch.setattr(bench, phase, lambda *a: {})
+    monkeypatch.setattr(bench, "phase_mixes", lambda s: {"sizes": {}})
+    monkeypatch.setattr(bench, "examples", lambda s, tokenizer: (None, {}))
+    monkeypatch.setattr(bench.interp, "load_model", lambda name: types.SimpleNamespace(tokenizer=None))
+    monkeypatch.setattr(bench, "analyse", lambda s: pytest.fail("analysed a run that scored part of the curve"))
+    s = types.SimpleNamespace(run=tmp_path / "run", model="m", source=tmp_path, binary=tmp_path,
+                              score_sizes=["Q6_K"])
+    assert bench.run_model(s, write=False) == {"scored": ["Q6_K"]}
+    assert not (s.run / "result.json").exists()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--sizes", "Q9_K"], "name each size once, from Q2_K, Q3_K_S"),
+    (["--sizes", "Q6_K,Q6_K"], "name each size once"),
+    (["--sizes", " , "], "name each size once"),
+    (["--sizes", "Q6_K", "--write"], "nothing to --write"),
+])
+def test_a_wrong_sizes_option_is_refused_before_any_work(tmp_path, monkeypatch, argv, message):
+    import llama_cpp_curve as bench
+
+    for tool in ("llama-quantize", "llama-imatrix"):
+        (tmp_path / tool).write_text("")
+    monkeypatch.setenv("LLAMA_CPP_BIN", str(tmp_path))
+    monkeypatch.setattr(bench, "run_model", lambda *a: pytest.fail("work began before --sizes was checked"))
+    with pytest.raises(SystemExit, match=message):
+        bench.main(["--model", "smollm2-135m", *argv])
+
+
 def test_the_mix_roles_diagnostic_agrees_with_the_curve_and_is_rendered(tmp_path):
     """The diagnostic scored plain Q3_K_M and Q3_K_L again in its own run: their mean KL must equal the curve's
     committed scores of the same files (same files, examples and code; the two runs agreed to 2e-15 per example),
