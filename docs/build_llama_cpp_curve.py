@@ -33,6 +33,9 @@ KIND_LABELS = {"mix_plain": "llama.cpp mix", "mix_interp_imatrix": "llama.cpp mi
                "plan_tail": "interp plan (tail objective)"}
 
 
+SECOND = ("mix_llama_imatrix", "plan_tail")  # drawn dashed over their pair's solid line
+
+
 def figure_path(model: str) -> Path:
     return ROOT / "docs" / "img" / f"prescribe_llama_cpp_curve_{model}.png"
 
@@ -183,20 +186,48 @@ def headline(r: dict[str, Any]) -> str:
             f"Verdict counts, {'; '.join(parts)}.")
 
 
+def same_files(r: dict[str, Any], folder: Path) -> str:
+    """Sizes whose plain mixes llama-quantize makes as one file (the same tensors, types and bytes in the committed
+    records): their rows measure the same files, so they are one point of the curve listed at each size."""
+    groups: dict[str, list[str]] = {}
+    for size in r["sizes"]["sizes"]:
+        path = folder / f"mix_plain-{size}.json"
+        if path.is_file():
+            groups.setdefault(json.dumps(tensors.read_record(path)["tensors"], sort_keys=True), []).append(size)
+    same = [sizes for sizes in groups.values() if len(sizes) > 1]
+    if not same:
+        return ""
+
+    def scored(size: str) -> list[Any]:
+        return [[row["kind"], row["bytes"], row["mean_kl"]["estimate"], row["p99"], row["p999"], row["same_top"]]
+                for row in r["pareto"] if row["size"] == size]
+
+    parts = []
+    for sizes in same:
+        alike = all(scored(z) == scored(sizes[0]) for z in sizes[1:])
+        parts.append(" and ".join(sizes) + (" (and every file of these sizes, plans included, has the same bytes and "
+                                            "held-out scores, so their rows are one measurement counted at each size)"
+                                            if alike else " (their plans' files or scores differ)"))
+    return (f"One file, several sizes: on this model llama-quantize makes the same plain mix for {'; '.join(parts)}: "
+            "every tensor's type and bytes are the same in the committed records.")
+
+
 def model_section(model: str, r: dict[str, Any] | None, tensor_types: Path | None = None) -> str:
     """One model's part of the section; ``tensor_types``: the folder of its per-tensor records (default: the
     committed ``tensor_types/`` beside its result)."""
     if r is None:
         return f"#### {model}\n\n{progress(model)}"
     figure = figure_path(model).relative_to(ROOT / "docs")
-    return "\n\n".join([
-        f"#### {model}", headline(r), f"![{model}: file size against held-out mean KL]({figure})",
+    folder = tensor_types or DATA / model / "tensor_types"
+    return "\n\n".join(part for part in [
+        f"#### {model}", headline(r), same_files(r, folder),
+        f"![{model}: file size against held-out mean KL]({figure})",
         "Primary: R = 1 - mean KL(plan) / mean KL(mix with an importance matrix), the seeds' pairs crossed with the "
         f"{len(r['examples']['heldout_ids'])} held-out examples ({r['n_boot']} resamples).", verdict_table(r),
         "Tails against each importance-matrix mix (a ratio's lower end above 1, or a difference's upper end below 0, "
-        "is 'worse'):", tail_table(r), *bits_section(r, tensor_types or DATA / model / "tensor_types"),
+        "is 'worse'):", tail_table(r), *bits_section(r, folder),
         "Secondary rows:", secondary_table(r), "Every file:", pareto_table(r),
-        additivity_table(r)])
+        additivity_table(r)] if part)
 
 
 def progress(model: str, folder: Path | None = None) -> str:
@@ -304,6 +335,7 @@ def pareto(r: dict[str, Any], model: str) -> Any:
         fig.add_trace(go.Scatter(
             x=[sum(row["bytes"]) / len(row["bytes"]) / 1e6 for row in rows], y=[k["estimate"] for k in kl],
             mode="lines+markers", name=label, text=[row["size"] for row in rows],
+            line=dict(dash="dash" if kind in SECOND else "solid"),  # a pair that overlaps stays visible
             error_y=dict(type="data", symmetric=False, array=[k["high"] - k["estimate"] for k in kl],
                          arrayminus=[k["estimate"] - k["low"] for k in kl])))
     fig = styled(fig, f"{model} through llama.cpp: file size against held-out mean KL (llama-cpp-curve-1)",
