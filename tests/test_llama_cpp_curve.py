@@ -252,6 +252,28 @@ def test_a_run_in_progress_says_which_sizes_are_scored(tmp_path):
     assert "Being scored (saved so far): Q2_K: 32 of 256 examples." in page_builder.progress("m", tmp_path)
 
 
+def test_sizes_that_make_one_file_are_named_and_told_apart_from_files_that_differ(tmp_path):
+    """Two sizes whose plain mixes hold the same tensors are named together; whether their rows are one
+    measurement is read from every file's scores; a size with other tensors is not named."""
+    def record(size: str, kind: str) -> None:
+        (tmp_path / f"mix_plain-{size}.json").write_text(json.dumps(
+            {"file": f"mix_plain-{size}", "file_bytes": 10, "stands_for": [],
+             "tensors": [{"name": "blk.0.ffn_down.weight", "type": kind, "weights": 256, "bytes": 110}]}))
+
+    for size, kind in (("Q2_K", "q2_k"), ("Q3_K_S", "q2_k"), ("Q3_K_M", "q3_k")):
+        record(size, kind)
+    row = {"kind": "plan_mean", "bytes": [9], "mean_kl": {"estimate": 0.5}, "p99": [1.0], "p999": [2.0],
+           "same_top": [0.7]}
+    r = {"sizes": {"sizes": {z: {} for z in ("Q2_K", "Q3_K_S", "Q3_K_M")}},
+         "pareto": [{**row, "size": z} for z in ("Q2_K", "Q3_K_S", "Q3_K_M")]}
+    text = page_builder.same_files(r, tmp_path)
+    assert "the same plain mix for Q2_K and Q3_K_S (and every file" in text and "Q3_K_M" not in text
+    r["pareto"][1] = {**row, "size": "Q3_K_S", "mean_kl": {"estimate": 0.6}}
+    assert "Q2_K and Q3_K_S (their plans' files or scores differ)" in page_builder.same_files(r, tmp_path)
+    record("Q3_K_S", "q4_k")
+    assert page_builder.same_files(r, tmp_path) == ""
+
+
 def test_committed_curve_results_recompute_from_their_scores():
     """Each committed model's registered (seed-0) estimates, recomputed from its committed per-example and
     per-token scores."""
