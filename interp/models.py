@@ -24,6 +24,7 @@ detected and rebuilt rather than used.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -524,6 +525,48 @@ def canonical_state_dict(model: Any) -> dict[str, torch.Tensor]:
     with torch.device("meta"), _quiet():
         fresh = AutoModelForCausalLM.from_config(hf.config)
     return {key: _resolve(hf, key) for key in fresh.state_dict()}
+
+
+def _transient_tensors(value: Any, found: dict[int, torch.Tensor]) -> None:
+    if isinstance(value, torch.Tensor):
+        if not value.is_leaf:
+            found[id(value)] = value.detach().clone()
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _transient_tensors(item, found)
+    elif isinstance(value, dict) and not isinstance(value, torch.nn.Module):
+        for item in value.values():
+            _transient_tensors(item, found)
+
+
+def _unwire_captures(model: Any) -> None:
+    """Remove transformer-lens' per-block capture hooks; each block wires them again on its next forward."""
+    for module in model.modules():
+        teardown = getattr(module, "_teardown_capture_hooks", None)
+        if callable(teardown):
+            teardown()
+
+
+def copy_model(model: Any) -> Any:
+    """A deep copy of ``model`` (weights, hooks, labels) that owns everything it runs, whatever ran before.
+
+    After its first forward, each transformer-lens block holds capture hooks on ln1 (and ln2) whose closures
+    point, through weak references, at that block's own attention module and ``hook_mlp_in``. A plain
+    ``copy.deepcopy`` shares those closures, so the copy's forwards wrote ln1's input onto the *original's*
+    attention (with its autograd graph: after that, deep-copying the original failed with torch's "graph leaves"
+    error), and the copy raised ReferenceError once the original was freed. Here the capture hooks are removed
+    before copying (the original and the copy each wire their own on their next forward), and any activation a
+    module still holds is copied detached: the same values without the graph.
+    Every interp copy of a model goes through here (tests/test_models_copy.py checks that no other code
+    deep-copies one).
+    """
+    _unwire_captures(model)
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for name, value in vars(module).items():
+            if name not in ("_parameters", "_buffers", "_modules"):  # parameters and buffers are leaves
+                _transient_tensors(value, memo)
+    return copy.deepcopy(model, memo)
 
 
 def export_hf(model: Any, folder: str | os.PathLike[str]) -> Path:

@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from interp.data import Examples
 from interp.display import ResultDisplay
 from interp.errors import ComponentError, InterpError
 from interp.io import saving, write_csv
-from interp.models import Model
+from interp.models import Model, copy_model
 from interp.results import CheckedResult
 from interp.runtime import hooks as hk
 from interp.runtime import placement
@@ -151,7 +150,7 @@ def restore_layers(quantized: Any, reference: Model, layers: Sequence[int], role
     checked = _check_roles(quantized, reference, layers, roles) if roles is not None else None
     placement.refuse_offloaded(quantized, "restore_layers()", "Pass the quantized weights alone to "
                                "restoration_sweep (interp.quant.inplace.SavedWeights): they are swapped in place.")
-    restored = copy.deepcopy(quantized)
+    restored = copy_model(quantized)
     with torch.no_grad():
         for layer in layers:
             if checked is None:

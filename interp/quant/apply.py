@@ -48,7 +48,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 import time
@@ -65,7 +64,7 @@ from interp import models
 from interp.data import Examples
 from interp.errors import ComponentError, InterpError, SpecError
 from interp.io import ensure_writable_dir
-from interp.models import Model, model_hash, model_name  # model_hash is re-exported here
+from interp.models import Model, copy_model, model_hash, model_name  # model_hash is re-exported here
 from interp.quant.calibration import FEEDER_VERSION, LayerFeeder, OutOfOrder
 from interp.quant.methods import LayerInputs, relative_error
 from interp.quant.methods._common import quantize_parsed
@@ -210,7 +209,7 @@ def _quantize(model: Model, spec: MethodSpec, calibration: Examples | None, prog
     placement.refuse_offloaded(model, "quantize()", "Use interp.quant.inplace.quantize_in_place (or score, which "
                                "applies each spec in place), which quantizes the model's own weights block by block.")
     reference_hash = model_hash(model)
-    qmodel = copy.deepcopy(model)
+    qmodel = copy_model(model)
     qmodel.eval()
     info = _quantize_weights(qmodel, spec, calibration, reference_hash,
                              model_name(model), progress, batch_size)

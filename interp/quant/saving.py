@@ -10,7 +10,6 @@ importable from :mod:`interp.quant.apply` too.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -25,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from interp import schema
 from interp.errors import DataError, InterpError
 from interp.io import INCOMPLETE, is_complete, staged_folder, write_file, write_json
-from interp.models import Model, model_hash
+from interp.models import Model, copy_model, model_hash
 from interp.reading import read_json
 from interp.runtime import hooks, placement
 from interp.validate import checked, checked_class
@@ -252,7 +251,7 @@ def load_quantized(reference: Model, path: str | os.PathLike[str]) -> Any:
             "was changed or mixed up after it was written. Delete it and quantize again."
         )
     tensors = load_file(str(Path(path) / WEIGHTS_FILE))
-    qmodel = copy.deepcopy(reference)
+    qmodel = copy_model(reference)
     qmodel.eval()
     with torch.no_grad():
         for layer in range(hooks.n_layers(qmodel)):
