@@ -495,7 +495,7 @@ def partial_key(s: Setup, names: list[str], rows: torch.Tensor) -> str:
     digest.update(np.ascontiguousarray(rows.numpy().astype(np.int64)).tobytes())
     for name in ["ref-f32", *names]:
         digest.update(f"{name}:{_sha256(s.gguf(name))};".encode())
-    digest.update(inspect.getsource(score_group).encode())
+    digest.update(SCORING_SOURCE.encode())  # the text read at import, not the file as it is now
     return digest.hexdigest()
 
 
@@ -611,6 +611,13 @@ def score_group(s: Setup, names: list[str], rows: torch.Tensor, size: str = "gro
     for ext in ("json", "safetensors"):
         (folder / f"{size}.{ext}").unlink(missing_ok=True)
 
+
+
+# The scoring code's text, read once when this module is imported. inspect.getsource reads the file again at each
+# call, at the line numbers the running code came from: a run that computed a key after the file had been edited
+# keyed its scores with other lines (Gemma's first 64 Q3_K_M examples were rescored for that), and a key must name
+# the code that computed the scores.
+SCORING_SOURCE = inspect.getsource(score_group)
 
 def file_names(s: Setup, size: str, record: dict[str, Any]) -> list[str]:
     names = [curve.stem(curve.PLAIN, size)] + [curve.stem(k, size, seed) for seed in s.seeds

@@ -514,6 +514,23 @@ def test_saved_scores_of_other_inputs_are_not_reused(tmp_path, monkeypatch):
     assert seen == list(range(20))
 
 
+
+def test_the_key_names_the_code_that_runs_not_the_file_as_edited_since(tmp_path, monkeypatch):
+    """The key's code part is the scoring source as imported. Reading the file at each call (inspect.getsource)
+    keyed a run's later sizes with whatever lines the edited file had there: this test fails when partial_key reads
+    the source again."""
+    import inspect
+
+    import llama_cpp_curve as bench
+
+    names, rows = ["Q2_K", "plan_mean-Q2_K-41"], _rows()
+    s = _scoring_run(tmp_path / "run", names)
+    before = bench.partial_key(s, names, rows)
+    monkeypatch.setattr(inspect, "getsource", lambda obj: "lines the file has after an edit")
+    assert bench.partial_key(s, names, rows) == before
+    monkeypatch.setattr(bench, "SCORING_SOURCE", bench.SCORING_SOURCE + "# other code")
+    assert bench.partial_key(s, names, rows) != before  # the code is part of the key
+
 def test_a_non_finite_score_writes_nothing(tmp_path, monkeypatch):
     import llama_cpp_curve as bench
 
