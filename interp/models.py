@@ -534,7 +534,7 @@ def _transient_tensors(value: Any, found: dict[int, torch.Tensor]) -> None:
     elif isinstance(value, (list, tuple)):
         for item in value:
             _transient_tensors(item, found)
-    elif isinstance(value, dict) and not isinstance(value, torch.nn.Module):
+    elif isinstance(value, dict):
         for item in value.values():
             _transient_tensors(item, found)
 
